@@ -1,0 +1,692 @@
+"""Multi-Raft host: drives every Raft group of one node from one event loop.
+
+The shape is TiKV's batch system: a poll loop takes every group that has work
+(``_dirty``), collects their ``Ready`` outputs, and handles them *together*:
+
+1. the leaders' messages go out at once (they depend on nothing unpersisted, so
+   the leader replicates while its own write is in flight, Raft thesis §10.2.1);
+2. every group's entries and hard state go to the shared write-ahead log in one
+   ``WriteBatch``: one write and one fsync per turn for the whole node;
+3. then the messages that promise durable state (votes, append acks);
+4. committed entries are queued for the apply task, which runs apart from the
+   poll loop, so a slow state machine delays answers, never heartbeats.
+
+Proposals carry an envelope ``[origin node, sequence, payload]``. Any node can
+propose: a follower forwards the envelope to the leader in a ``PROPOSE`` message,
+and the origin answers its client when it applies the entry itself, so no
+separate request/response RPC between nodes is needed. The answer is the state
+machine's return value for that entry (the same on every replica).
+
+Linearizable reads go through ReadIndex: reads that arrive in one turn share
+one ``read_index`` request per group; a read is served once the local applied
+index reaches the index the leader confirmed.
+
+Snapshots: the apply task snapshots a group's state machine every
+``snapshot_entries`` applied entries, writes it through ``SnapshotStore``, then
+compacts the core and the WAL. A leader streams the snapshot file to a lagging
+follower on the transport's snapshot stream, and sends the ``SNAP`` message
+only after the follower holds the verified file; the follower attaches the data
+when the message arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import msgpack
+
+from accord.raft.codec import SnapshotPiece
+from accord.raft.core import Config as CoreConfig
+from accord.raft.core import RaftCore
+from accord.raft.snapshot import SnapshotReceiver, SnapshotStore
+from accord.raft.types import (
+    NO_NODE,
+    ConfState,
+    Entry,
+    EntryType,
+    Message,
+    MessageType,
+    PersistentState,
+    ProposalDropped,
+    Ready,
+    Role,
+    Snapshot,
+    SnapshotMeta,
+)
+from accord.raft.wal import WALFatalError, WriteAheadLog, WriteBatch
+
+log = logging.getLogger("accord.raft.host")
+
+
+class StateMachine(Protocol):
+    """What a group replicates. ``apply`` must be deterministic."""
+
+    def apply(self, index: int, payload: bytes) -> object:
+        """Apply one committed command; the return value answers the proposer."""
+        ...
+
+    def snapshot(self) -> bytes:
+        """The whole state, for a snapshot."""
+        ...
+
+    def restore(self, data: bytes) -> None:
+        """Replace the whole state by a snapshot's."""
+        ...
+
+
+class Transport(Protocol):
+    """The part of ``PeerTransport`` the host uses."""
+
+    def send(self, to_node: int, group_id: int, msg: Message) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def start_snapshot(
+        self,
+        to_node: int,
+        group_id: int,
+        meta: SnapshotMeta,
+        source: _FileSource,
+        on_done: Callable[[bool], None],
+    ) -> None: ...
+
+
+class GroupUnavailable(Exception):
+    """The group cannot serve the request now; retrying later may succeed.
+
+    ``reason`` is one of etcd's transient errors: ``no leader``, ``leader
+    changed``, ``request timed out``.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ApplyError(Exception):
+    """Wraps an exception the state machine raised for a command (its answer)."""
+
+
+@dataclass(slots=True)
+class HostConfig:
+    """Timing and batching knobs of a host."""
+
+    tick_interval: float = 0.1
+    """Seconds per Raft tick (the heartbeat interval)."""
+    election_ticks: int = 10
+    request_timeout: float = 7.0
+    """How long a proposal or read may wait for its answer."""
+    snapshot_entries: int = 10_000
+    """Applied entries between two snapshots of a group."""
+    lease_read: bool = False
+    clock_drift_ticks: int = 0
+    max_apply_batch: int = 512
+    """Entries applied before the apply task yields to the event loop."""
+
+
+@dataclass(slots=True)
+class _ReadWaiter:
+    future: asyncio.Future[None]
+    index: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Group:
+    """One Raft group hosted on this node: its core, state machine and waiters."""
+
+    id: int
+    core: RaftCore
+    sm: StateMachine
+    applied: int = 0
+    applied_term: int = 0
+    last_snapshot_index: int = 0
+    proposals: dict[int, asyncio.Future[object]] = field(default_factory=dict)
+    reads_pending: list[asyncio.Future[None]] = field(default_factory=list)
+    reads_issued: dict[bytes, tuple[int, list[asyncio.Future[None]]]] = field(default_factory=dict)
+    """ReadIndex context -> (the leader it went to, the reads waiting for its answer)."""
+    reads_waiting: list[_ReadWaiter] = field(default_factory=list)
+    apply_queue: deque[Entry] = field(default_factory=deque)
+    pending_restore: Snapshot | None = None
+    persisted_conf: ConfState | None = None
+    leader_listeners: list[Callable[[int, int], None]] = field(default_factory=list)
+
+    @property
+    def leader(self) -> int:
+        """The leader this node knows of (``NO_NODE`` if none)."""
+        return self.core.leader_id
+
+
+class _FileSource:
+    """A snapshot file as a ``SnapshotSource`` (reads happen off the event loop)."""
+
+    def __init__(self, store: SnapshotStore, group: int, path: str, size: int) -> None:
+        self._store = store
+        self._group = group
+        self._path = path
+        self._size = size
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    async def read(self, offset: int, max_bytes: int) -> bytes:
+        def _read() -> bytes:
+            with open(self._path, "rb") as f:
+                f.seek(offset)
+                return f.read(max_bytes)
+
+        return await asyncio.to_thread(_read)
+
+
+_ENVELOPE = msgpack.Packer(use_bin_type=True)
+_READ_CTX = struct.Struct(">QQQ")
+
+
+class MultiRaftHost:
+    """Drives every Raft group of one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        node_id: int,
+        wal: WriteAheadLog,
+        snapshots: SnapshotStore,
+        transport: Transport,
+        config: HostConfig | None = None,
+        *,
+        boot_nonce: int = 0,
+    ) -> None:
+        self.node_id = node_id
+        self.config = config or HostConfig()
+        self._wal = wal
+        self._snapshots = snapshots
+        self._transport = transport
+        self._groups: dict[int, Group] = {}
+        self._dirty: set[Group] = set()
+        self._wake = asyncio.Event()
+        self._apply_wake = asyncio.Event()
+        self._apply_ready: set[Group] = set()
+        self._seq = 0
+        self._read_seq = 0
+        self._boot = boot_nonce & 0xFFFFFFFFFFFFFFFF
+        self._tasks: list[asyncio.Task[None]] = []
+        self._receivers: dict[tuple[int, int, int], SnapshotReceiver] = {}
+        self._pending_compactions: list[tuple[int, SnapshotMeta]] = []
+        self._pending_confs: list[tuple[int, int, ConfState]] = []
+        self._fatal: BaseException | None = None
+        self._stopped = asyncio.Event()
+        self.turns = 0
+        """Poll-loop rounds that wrote to the log (for metrics and tests)."""
+
+    # ------------------------------------------------------------------ groups
+    def add_group(
+        self,
+        group_id: int,
+        sm: StateMachine,
+        recovered: PersistentState | None,
+        voters: Sequence[int] = (),
+        learners: Sequence[int] = (),
+    ) -> Group:
+        """Host a group; ``recovered`` is what the WAL held for it (None when new)."""
+        if group_id in self._groups:
+            raise ValueError(f"group {group_id} is already hosted on node {self.node_id}")
+        state = recovered or PersistentState()
+        cfg = CoreConfig(
+            id=self.node_id,
+            election_tick=self.config.election_ticks,
+            heartbeat_tick=1,
+            lease_read=self.config.lease_read,
+            clock_drift_ticks=self.config.clock_drift_ticks,
+            seed=(self.node_id * 1_000_003 + group_id * 7919 + self._boot) & 0x7FFFFFFF,
+        )
+        applied = 0
+        if state.snapshot is not None and state.snapshot.index > 0:
+            info = self._snapshots.latest(group_id)
+            if info is None or info.meta.index < state.snapshot.index:
+                raise RuntimeError(
+                    f"group {group_id}: the log says a snapshot at index {state.snapshot.index} "
+                    "is durable but the snapshot store has none; the data directory is damaged"
+                )
+            sm.restore(b"".join(self._snapshots.data_chunks(info)))
+            applied = state.snapshot.index
+        core = RaftCore(cfg, state, voters=voters, learners=learners)
+        g = Group(group_id, core, sm, applied=applied, last_snapshot_index=applied)
+        g.persisted_conf = core.conf_state
+        self._groups[group_id] = g
+        self._mark(g)
+        return g
+
+    def group(self, group_id: int) -> Group:
+        """The hosted group ``group_id``; KeyError if it is not on this node."""
+        return self._groups[group_id]
+
+    @property
+    def groups(self) -> dict[int, Group]:
+        """Every hosted group by id."""
+        return self._groups
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the poll loop, the apply task and the ticker."""
+        self._tasks = [
+            asyncio.create_task(self._poll_loop(), name=f"raft-poll-{self.node_id}"),
+            asyncio.create_task(self._apply_loop(), name=f"raft-apply-{self.node_id}"),
+            asyncio.create_task(self._ticker(), name=f"raft-tick-{self.node_id}"),
+        ]
+
+    async def stop(self) -> None:
+        """Cancel and await every task; fail every waiter."""
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        for g in self._groups.values():
+            self._fail_waiters(g, GroupUnavailable("request timed out"))
+        for r in self._receivers.values():
+            r.close()
+        self._receivers.clear()
+        self._stopped.set()
+
+    @property
+    def fatal(self) -> BaseException | None:
+        """The error that stopped the host (a failed fsync), if any."""
+        return self._fatal
+
+    async def wait_fatal(self) -> BaseException:
+        """Wait until the host hits an unrecoverable error, and return it."""
+        await self._stopped.wait()
+        assert self._fatal is not None
+        return self._fatal
+
+    # ------------------------------------------------------------------ client API
+    async def propose(self, group_id: int, payload: bytes, timeout: float | None = None) -> object:
+        """Replicate ``payload`` in the group and return the state machine's answer."""
+        g = self._groups[group_id]
+        self._check_alive()
+        self._seq += 1
+        seq = self._seq
+        data = _ENVELOPE.pack((self.node_id, seq, payload))
+        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        g.proposals[seq] = fut
+        try:
+            self._submit(g, data)
+            return await asyncio.wait_for(fut, timeout or self.config.request_timeout)
+        except TimeoutError:
+            raise GroupUnavailable("request timed out") from None
+        finally:
+            g.proposals.pop(seq, None)
+
+    def _submit(self, g: Group, data: bytes) -> None:
+        core = g.core
+        if core.role == Role.LEADER:
+            try:
+                core.propose(data)
+            except ProposalDropped as e:
+                raise GroupUnavailable(_transient(str(e))) from None
+            self._mark(g)
+            return
+        leader = core.leader_id
+        if leader == NO_NODE:
+            raise GroupUnavailable("no leader")
+        msg = Message(MessageType.PROPOSE, to=leader, frm=self.node_id, term=core.term,
+                      entries=[Entry(0, 0, EntryType.NORMAL, data)])
+        self._transport.send(leader, g.id, msg)
+        self._transport.flush()
+
+    async def read_barrier(self, group_id: int, timeout: float | None = None) -> None:
+        """Wait until a linearizable read of the group may be served locally."""
+        g = self._groups[group_id]
+        self._check_alive()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        g.reads_pending.append(fut)
+        self._mark(g)
+        try:
+            await asyncio.wait_for(fut, timeout or self.config.request_timeout)
+        except TimeoutError:
+            raise GroupUnavailable("request timed out") from None
+
+    def transfer_leader(self, group_id: int, target: int) -> None:
+        """Ask the group's leader (this node) to hand leadership to ``target``."""
+        g = self._groups[group_id]
+        g.core.transfer_leader(target)
+        self._mark(g)
+
+    def campaign(self, group_id: int) -> None:
+        """Start an election for the group now (used at bootstrap to save a timeout)."""
+        g = self._groups[group_id]
+        g.core.campaign()
+        self._mark(g)
+
+    def _check_alive(self) -> None:
+        if self._fatal is not None:
+            raise GroupUnavailable("request timed out")
+
+    # ------------------------------------------------------------------ inbound
+    def deliver(self, from_node: int, batch: list[tuple[int, Message]]) -> None:
+        """Transport callback: messages from ``from_node`` for our groups."""
+        for group_id, msg in batch:
+            g = self._groups.get(group_id)
+            if g is None:
+                continue
+            if msg.type == MessageType.PROPOSE:
+                self._handle_forwarded(g, msg)
+                continue
+            if msg.type == MessageType.SNAP and msg.snapshot is not None and not msg.snapshot.data:
+                attached = self._attach_snapshot(g, msg)
+                if attached is None:
+                    continue
+                msg = attached
+            g.core.step(msg)
+            self._mark(g)
+
+    def _handle_forwarded(self, g: Group, msg: Message) -> None:
+        if g.core.role != Role.LEADER:
+            return  # the origin times out and its client retries
+        for e in msg.entries:
+            try:
+                g.core.propose(e.data)
+            except ProposalDropped:
+                return
+        self._mark(g)
+
+    def _attach_snapshot(self, g: Group, msg: Message) -> Message | None:
+        assert msg.snapshot is not None
+        meta = msg.snapshot.meta
+        info = self._snapshots.latest(g.id)
+        if info is None or info.meta.index != meta.index or info.meta.term != meta.term:
+            log.warning("group %d: SNAP for index %d without the received file; dropped",
+                        g.id, meta.index)
+            return None
+        data = b"".join(self._snapshots.data_chunks(info))
+        msg.snapshot = Snapshot(meta, data)
+        return msg
+
+    async def receive_snapshot_chunk(self, from_node: int, piece: SnapshotPiece) -> int:
+        """Transport callback for snapshot streams (see ``OnSnapshotChunk``)."""
+        key = (piece.group_id, piece.meta.term, piece.meta.index)
+        rcv = self._receivers.get(key)
+        if rcv is None:
+            if piece.group_id not in self._groups:
+                raise ValueError(f"snapshot for unknown group {piece.group_id}")
+            rcv = self._snapshots.receiver(piece.group_id, piece.meta)
+            self._receivers[key] = rcv
+        if not piece.data and not piece.done:
+            return rcv.offset
+        if piece.offset != rcv.offset:
+            return rcv.offset
+        await asyncio.to_thread(rcv.write, piece.offset, piece.data)
+        end = piece.offset + len(piece.data)
+        if piece.done:
+            try:
+                await asyncio.to_thread(rcv.finish)
+            finally:
+                self._receivers.pop(key, None)
+        return end
+
+    # ------------------------------------------------------------------ poll loop
+    def _mark(self, g: Group) -> None:
+        self._dirty.add(g)
+        self._wake.set()
+
+    async def _ticker(self) -> None:
+        interval = self.config.tick_interval
+        while True:
+            await asyncio.sleep(interval)
+            for g in self._groups.values():
+                g.core.tick()
+                if g.reads_pending or g.core.has_ready():
+                    self._dirty.add(g)
+            self._wake.set()
+
+    async def _poll_loop(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                await self._turn()
+        except WALFatalError as e:
+            self._die(e)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug: stop rather than run on with unknown state
+            log.exception("raft poll loop failed on node %d", self.node_id)
+            self._die(e)
+
+    def _die(self, e: BaseException) -> None:
+        self._fatal = e
+        log.critical("node %d stops: %s", self.node_id, e)
+        for g in self._groups.values():
+            self._fail_waiters(g, GroupUnavailable("request timed out"))
+        self._stopped.set()
+
+    async def _turn(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        readies: list[tuple[Group, Ready]] = []
+        for g in dirty:
+            if g.reads_pending:
+                self._issue_reads(g)
+            if g.core.has_ready():
+                readies.append((g, g.core.ready()))
+        compactions, self._pending_compactions = self._pending_compactions, []
+        confs, self._pending_confs = self._pending_confs, []
+        if not readies and not compactions and not confs:
+            return
+        transport = self._transport
+        batch = WriteBatch()
+        for g, rd in readies:
+            for m in rd.messages:
+                self._send(g, m)
+            if rd.snapshot is not None or rd.entries or rd.hard_state is not None:
+                batch.add(g.id, hard_state=rd.hard_state, entries=rd.entries,
+                          snapshot=rd.snapshot.meta if rd.snapshot is not None else None)
+        for gid, meta in compactions:
+            batch.compact(gid, meta)
+        for gid, index, cs in confs:
+            batch.set_conf_state(gid, index, cs)
+        transport.flush()
+        if len(batch):
+            await self._wal.append(batch)
+            self.turns += 1
+        for g, rd in readies:
+            for m in rd.persisted_messages:
+                self._send(g, m)
+        transport.flush()
+        for g, rd in readies:
+            self._after_persist(g, rd)
+
+    def _after_persist(self, g: Group, rd: Ready) -> None:
+        if rd.soft_state is not None:
+            self._fail_reads(g, keep_leader=rd.soft_state.leader)
+            for cb in g.leader_listeners:
+                cb(g.id, rd.soft_state.leader)
+        if rd.snapshot is not None:
+            g.apply_queue.clear()
+            g.pending_restore = rd.snapshot
+            self._apply_ready.add(g)
+            self._apply_wake.set()
+        if rd.committed_entries:
+            g.apply_queue.extend(rd.committed_entries)
+            self._apply_ready.add(g)
+            self._apply_wake.set()
+        for rs in rd.read_states:
+            issued = g.reads_issued.pop(rs.request_ctx, None)
+            if issued:
+                for f in issued[1]:
+                    g.reads_waiting.append(_ReadWaiter(f, rs.index))
+        g.core.advance(rd)
+        if g.reads_waiting:
+            self._release_reads(g)
+        cs = g.core.conf_state
+        if cs != g.persisted_conf:
+            g.persisted_conf = cs
+            self._pending_conf(g, cs)
+        if g.core.has_ready():
+            self._mark(g)
+
+    def _pending_conf(self, g: Group, cs: ConfState) -> None:
+        # Persist the membership in force with the next batch: recovery then starts
+        # from the right voters even before the log is re-applied.
+        self._pending_confs.append((g.id, g.core.applied_index, cs))
+        self._wake.set()
+
+    def _send(self, g: Group, m: Message) -> None:
+        if m.type == MessageType.SNAP:
+            self._send_snapshot(g, m)
+            return
+        self._transport.send(m.to, g.id, m)
+
+    def _send_snapshot(self, g: Group, m: Message) -> None:
+        info = self._snapshots.latest(g.id)
+        if info is None:
+            g.core.report_snapshot(m.to, False)
+            return
+        source = _FileSource(self._snapshots, g.id, str(info.path), info.size)
+        peer = m.to
+
+        def done(ok: bool) -> None:
+            if ok:
+                self._transport.send(peer, g.id, m)
+                self._transport.flush()
+            g.core.report_snapshot(peer, ok)
+            self._mark(g)
+
+        self._transport.start_snapshot(peer, g.id, info.meta, source, done)
+
+    # ------------------------------------------------------------------ reads
+    def _issue_reads(self, g: Group) -> None:
+        self._read_seq += 1
+        ctx = _READ_CTX.pack(self.node_id, self._boot, self._read_seq)
+        try:
+            g.core.read_index(ctx)
+        except ProposalDropped as e:
+            # No leader known yet, or a new leader has not committed in its term:
+            # the reads stay pending and are retried every tick until they time out.
+            log.debug("group %d: read deferred: %s", g.id, e)
+            return
+        g.reads_issued[ctx] = (g.core.leader_id, g.reads_pending)
+        g.reads_pending = []
+
+    def _release_reads(self, g: Group) -> None:
+        keep: list[_ReadWaiter] = []
+        for w in g.reads_waiting:
+            if w.index <= g.applied:
+                if not w.future.done():
+                    w.future.set_result(None)
+            else:
+                keep.append(w)
+        g.reads_waiting = keep
+
+    def _fail_reads(self, g: Group, keep_leader: int = NO_NODE) -> None:
+        """Fail the ReadIndex requests sent to a leader other than ``keep_leader``."""
+        err = GroupUnavailable("leader changed")
+        for ctx, (leader, futs) in list(g.reads_issued.items()):
+            if leader != keep_leader or leader == NO_NODE:
+                self._fail_futures(futs, err)
+                del g.reads_issued[ctx]
+
+    @staticmethod
+    def _fail_futures(futs: Iterable[asyncio.Future[None]], err: BaseException) -> None:
+        for f in futs:
+            if not f.done():
+                f.set_exception(err)
+
+    def _fail_waiters(self, g: Group, err: BaseException) -> None:
+        for pf in g.proposals.values():
+            if not pf.done():
+                pf.set_exception(err)
+        self._fail_futures(g.reads_pending, err)
+        g.reads_pending = []
+        self._fail_reads(g)
+        self._fail_futures((w.future for w in g.reads_waiting), err)
+        g.reads_waiting = []
+
+    # ------------------------------------------------------------------ apply
+    async def _apply_loop(self) -> None:
+        while True:
+            await self._apply_wake.wait()
+            self._apply_wake.clear()
+            while self._apply_ready:
+                g = self._apply_ready.pop()
+                done = self._apply_some(g)
+                if not done:
+                    self._apply_ready.add(g)
+                await asyncio.sleep(0)
+                if g.apply_queue or g.pending_restore is not None:
+                    continue
+                if g.applied - g.last_snapshot_index >= self.config.snapshot_entries:
+                    await self._take_snapshot(g)
+
+    def _apply_some(self, g: Group) -> bool:
+        """Apply up to ``max_apply_batch`` entries; True when the queue is empty."""
+        if g.pending_restore is not None:
+            snap = g.pending_restore
+            g.pending_restore = None
+            g.sm.restore(snap.data)
+            g.applied = snap.meta.index
+            g.applied_term = snap.meta.term
+            g.last_snapshot_index = snap.meta.index
+        q = g.apply_queue
+        n = 0
+        while q and n < self.config.max_apply_batch:
+            e = q.popleft()
+            n += 1
+            if e.index <= g.applied:
+                continue
+            if e.type == EntryType.NORMAL and e.data:
+                self._apply_entry(g, e)
+            g.applied = e.index
+            g.applied_term = e.term
+        if g.reads_waiting:
+            self._release_reads(g)
+        return not q
+
+    def _apply_entry(self, g: Group, e: Entry) -> None:
+        origin, seq, payload = msgpack.unpackb(e.data, raw=False)
+        try:
+            result: object = g.sm.apply(e.index, payload)
+            failed = False
+        except Exception as exc:  # the state machine refused the command: that is its answer
+            result, failed = exc, True
+        if origin != self.node_id:
+            return
+        fut = g.proposals.get(seq)
+        if fut is None or fut.done():
+            return
+        if failed:
+            assert isinstance(result, BaseException)
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
+
+    async def _take_snapshot(self, g: Group) -> None:
+        index, term = g.applied, g.applied_term
+        meta = SnapshotMeta(index=index, term=term, conf_state=g.core.conf_state)
+        data = g.sm.snapshot()
+
+        def _write() -> None:
+            with self._snapshots.writer(g.id, meta) as w:
+                w.write(data)
+                w.finish()
+
+        await asyncio.to_thread(_write)
+        g.last_snapshot_index = index
+        g.core.compact(meta)
+        self._pending_compactions.append((g.id, meta))
+        self._mark(g)
+
+
+def _transient(reason: str) -> str:
+    """Map a core refusal to the etcd error a client retries on."""
+    if "no leader" in reason:
+        return "no leader"
+    if "transfer" in reason:
+        return "leader changed"
+    return "leader changed" if "not leader" in reason else "request timed out"
