@@ -1,0 +1,408 @@
+"""One accord node: the parts assembled, and `accord serve`.
+
+A node owns one write-ahead log and one snapshot store (under ``--data-dir``), one
+peer transport (``--listen-peer-urls``), one Multi-Raft host driving its groups,
+and one gRPC server (``--listen-client-urls``) serving the etcd v3 API:
+
+* group 1, the meta group: the member table (``ClusterStateMachine``);
+* group 2: the key-value store (``KVStateMachine``), leases and watches.
+
+Every member of ``--initial-cluster`` hosts a replica of every group. The KV
+backend answers writes with the result of their apply, serves linearizable reads
+after a ReadIndex barrier, and, while this node leads the KV group, expires
+leases (the leader decides, the log carries the decision) and checkpoints their
+remaining TTL so a new leader neither extends nor cuts them.
+
+Shutdown on SIGTERM/SIGINT is graceful: leaderships move to a peer, the gRPC
+server stops taking requests, then the host, the transport and the log close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import crc32c
+
+from accord.config import Config, ConfigError, load_config
+from accord.grpc_server import AccordGrpcServer, ServerOptions, build_server
+from accord.raft.host import GroupUnavailable, HostConfig, MultiRaftHost
+from accord.raft.snapshot import SnapshotStore
+from accord.raft.transport import PeerTransport
+from accord.raft.types import Role
+from accord.raft.wal import WriteAheadLog
+from accord.services.cluster.members import ClusterStateMachine, MemberRecord
+from accord.services.kv import errors
+from accord.services.kv.backend import (
+    ETCD_COMPAT_VERSION,
+    HeaderInfo,
+    MemberInfo,
+    StateMachineBackend,
+    StatusInfo,
+    now_ms,
+)
+from accord.services.kv.errors import EtcdError
+from accord.services.kv.limits import Limits
+from accord.services.kv.statemachine import KVStateMachine
+
+log = logging.getLogger("accord.server")
+
+META_GROUP = 1
+KV_GROUP = 2
+
+LEASE_CHECK_INTERVAL = 0.5
+"""Seconds between the leader's scans for expired leases."""
+LEASE_CHECKPOINT_INTERVAL = 5.0
+"""Seconds between lease TTL checkpoints: bounds what a leader change can add to a lease."""
+PROGRESS_NOTIFY_INTERVAL = 600.0
+"""etcd's default watch progress-notify interval."""
+
+_UNAVAILABLE = {
+    "no leader": errors.NO_LEADER,
+    "leader changed": errors.LEADER_CHANGED,
+    "request timed out": errors.TIMEOUT,
+}
+
+_MEMBERSHIP_NOT_YET = (
+    "accord: changing members at runtime is not available in this version; "
+    "start the cluster with every member in --initial-cluster"
+)
+
+
+def _unavailable(e: GroupUnavailable) -> EtcdError:
+    return _UNAVAILABLE.get(e.reason, errors.TIMEOUT)
+
+
+class _KVMachine:
+    """Adapts ``KVStateMachine`` to the host's ``StateMachine`` protocol."""
+
+    def __init__(self, sm: KVStateMachine) -> None:
+        self.sm = sm
+
+    def apply(self, index: int, payload: bytes) -> object:
+        return self.sm.apply(payload)
+
+    def snapshot(self) -> bytes:
+        return self.sm.snapshot()
+
+    def restore(self, data: bytes) -> None:
+        self.sm.restore(data)
+
+
+class ReplicatedBackend(StateMachineBackend):
+    """The etcd API's backend on a Raft-replicated KV group."""
+
+    def __init__(self, node: Node, sm: KVStateMachine) -> None:
+        super().__init__(sm)
+        self.node = node
+        self._size_cache: tuple[int, int] = (-1, 0)
+
+    @property
+    def _group(self) -> Any:
+        return self.node.host.group(KV_GROUP)
+
+    async def commit(self, command: bytes) -> Any:
+        """Replicate ``command``; the answer is what its apply returned."""
+        try:
+            return await self.node.host.propose(KV_GROUP, command)
+        except GroupUnavailable as e:
+            raise _unavailable(e) from None
+
+    async def read_barrier(self) -> None:
+        """ReadIndex: wait until this member applied all that was committed before now."""
+        try:
+            await self.node.host.read_barrier(KV_GROUP)
+        except GroupUnavailable as e:
+            raise _unavailable(e) from None
+
+    def lease_clock(self) -> tuple[int, int]:
+        """Wall-clock ms and this member's term (see STORE_API.md on lease clocks)."""
+        return now_ms(), int(self._group.core.term)
+
+    def header_info(self) -> HeaderInfo:
+        core = self._group.core
+        return HeaderInfo(
+            cluster_id=self.node.config.cluster_id,
+            member_id=self.node.member_id,
+            raft_term=core.term,
+            leader=core.leader_id,
+        )
+
+    # --- cluster -------------------------------------------------------------------------
+    async def members(self, linearizable: bool = False) -> list[MemberInfo]:
+        if linearizable:
+            try:
+                await self.node.host.read_barrier(META_GROUP)
+            except GroupUnavailable as e:
+                raise _unavailable(e) from None
+        return [
+            MemberInfo(m.id, m.name, m.peer_urls, m.client_urls, m.is_learner)
+            for m in sorted(self.node.cluster.members.values(), key=lambda m: m.name)
+        ]
+
+    async def member_add(
+        self, peer_urls: Sequence[str], is_learner: bool
+    ) -> tuple[MemberInfo, list[MemberInfo]]:
+        raise EtcdError(errors.NOT_LEADER.code, _MEMBERSHIP_NOT_YET)
+
+    async def member_remove(self, member_id: int) -> list[MemberInfo]:
+        if member_id not in self.node.cluster.members:
+            raise errors.MEMBER_NOT_FOUND
+        raise EtcdError(errors.NOT_LEADER.code, _MEMBERSHIP_NOT_YET)
+
+    async def member_update(self, member_id: int, peer_urls: Sequence[str]) -> list[MemberInfo]:
+        if member_id not in self.node.cluster.members:
+            raise errors.MEMBER_NOT_FOUND
+        raise EtcdError(errors.NOT_LEADER.code, _MEMBERSHIP_NOT_YET)
+
+    async def member_promote(self, member_id: int) -> list[MemberInfo]:
+        if member_id not in self.node.cluster.members:
+            raise errors.MEMBER_NOT_FOUND
+        raise EtcdError(errors.NOT_LEADER.code, "etcdserver: can only promote a learner member")
+
+    # --- maintenance ---------------------------------------------------------------------
+    async def status(self) -> StatusInfo:
+        g = self._group
+        size = await self._db_size()
+        return StatusInfo(
+            version=ETCD_COMPAT_VERSION,
+            db_size=size,
+            db_size_in_use=size,
+            leader=g.core.leader_id,
+            raft_index=g.core.commit_index,
+            raft_term=g.core.term,
+            raft_applied_index=g.applied,
+            errors=self.alarms.names(),
+            is_learner=self.node.member_id in g.core.conf_state.learners,
+        )
+
+    async def _db_size(self) -> int:
+        rev, size = self._size_cache
+        if rev != self.sm.revision:
+            data = await asyncio.to_thread(self.sm.prepare_snapshot())
+            size = len(data)
+            self._size_cache = (self.sm.revision, size)
+        return size
+
+    async def snapshot(self) -> tuple[int, bytes]:
+        rev = self.sm.revision
+        return rev, await asyncio.to_thread(self.sm.prepare_snapshot())
+
+    async def defragment(self) -> None:
+        """Nothing to reclaim: compacted history leaves memory when compaction applies."""
+
+    async def hash(self) -> int:
+        data = await asyncio.to_thread(self.sm.prepare_snapshot())
+        return int(crc32c.crc32c(data))
+
+    async def move_leader(self, target_id: int) -> None:
+        host = self.node.host
+        if self._group.core.role != Role.LEADER:
+            raise errors.NOT_LEADER
+        if target_id not in self._group.core.conf_state.voters or target_id == self.node.member_id:
+            raise errors.BAD_LEADER_TRANSFEREE
+        for gid in (META_GROUP, KV_GROUP):
+            if host.group(gid).core.role == Role.LEADER:
+                host.transfer_leader(gid, target_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while loop.time() < deadline:
+            if self._group.core.leader_id == target_id:
+                return
+            await asyncio.sleep(0.02)
+        raise errors.TIMEOUT
+
+
+class Node:
+    """One accord node (see the module docstring)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config.resolved()
+        self.member_id = self.config.member_id
+        self.data_dir = Path(self.config.data_dir)
+        self.wal: WriteAheadLog | None = None
+        self.grpc: AccordGrpcServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.client_ports: list[int] = []
+
+    async def start(self) -> None:
+        """Open storage, join the peers, start the groups and serve clients."""
+        cfg = self.config
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        wal, recovered = await asyncio.to_thread(WriteAheadLog.open, self.data_dir / "wal")
+        self.wal = wal
+        snapshots = SnapshotStore(self.data_dir / "snap")
+        host_ip, peer_port = cfg.peer_listen_address()
+        self.transport = PeerTransport(
+            self.member_id, host_ip, peer_port, cluster_id=cfg.cluster_id,
+            on_messages=self._deliver, on_snapshot_chunk=self._snapshot_chunk,
+        )
+        self.host = MultiRaftHost(
+            self.member_id, wal, snapshots, self.transport,
+            HostConfig(
+                tick_interval=cfg.tick_interval,
+                election_ticks=cfg.election_ticks,
+                snapshot_entries=cfg.snapshot_count,
+                lease_read=cfg.lease_read,
+                clock_drift_ticks=cfg.clock_drift_ticks if cfg.lease_read else 0,
+            ),
+            boot_nonce=time.time_ns(),
+        )
+        ids = cfg.member_ids()
+        voters = sorted(ids.values())
+        initial = {
+            ids[name]: MemberRecord(ids[name], name, tuple(urls))
+            for name, urls in cfg.members().items()
+        }
+        self.cluster = ClusterStateMachine(initial)
+        limits = Limits(max_request_bytes=cfg.max_request_bytes, max_txn_ops=cfg.max_txn_ops)
+        self.kv = KVStateMachine(limits=limits, lease_id_seed=KV_GROUP)
+        self.host.add_group(META_GROUP, self.cluster, recovered.get(META_GROUP), voters=voters)
+        self.host.add_group(KV_GROUP, _KVMachine(self.kv), recovered.get(KV_GROUP), voters=voters)
+        for nid, (h, p) in cfg.peer_addresses().items():
+            self.transport.set_peer(nid, h, p)
+        await self.transport.start()
+        await self.host.start()
+        self.backend = ReplicatedBackend(self, self.kv)
+        self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes))
+        for h, p in cfg.client_listen_addresses():
+            self.client_ports.append(self.grpc.add_port(f"{h}:{p}"))
+        await self.grpc.start()
+        self._tasks = [
+            asyncio.create_task(self._publish(), name="publish-member"),
+            asyncio.create_task(self._lease_loop(), name="lease-expiry"),
+            asyncio.create_task(self._progress_loop(), name="watch-progress"),
+        ]
+
+    # transport callbacks go through the node so they can be bound before the host exists
+    def _deliver(self, frm: int, batch: list[Any]) -> None:
+        self.host.deliver(frm, batch)
+
+    async def _snapshot_chunk(self, frm: int, piece: Any) -> int:
+        return await self.host.receive_snapshot_chunk(frm, piece)
+
+    async def _publish(self) -> None:
+        """Publish this member's client URLs through the meta group (retried until done)."""
+        cmd = ClusterStateMachine.encode_publish(
+            self.member_id, self.config.name, list(self.config.advertise_client_urls))
+        while True:
+            try:
+                await self.host.propose(META_GROUP, cmd)
+                return
+            except GroupUnavailable:
+                await asyncio.sleep(self.config.tick_interval * 2)
+
+    async def _lease_loop(self) -> None:
+        """While leading the KV group: checkpoint lease clocks and expire overdue leases."""
+        last_checkpoint_term = 0
+        last_checkpoint = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(LEASE_CHECK_INTERVAL)
+            g = self.host.group(KV_GROUP)
+            if g.core.role != Role.LEADER:
+                continue
+            now, term = self.backend.lease_clock()
+            try:
+                if term != last_checkpoint_term or loop.time() - last_checkpoint > LEASE_CHECKPOINT_INTERVAL:
+                    await self.backend.commit(self.kv.encode_lease_checkpoint(now, term))
+                    last_checkpoint_term, last_checkpoint = term, loop.time()
+                ids = self.kv.expired_leases(now, term)
+                if ids:
+                    await self.backend.commit(self.kv.encode_lease_expire(ids, now, term))
+            except EtcdError as e:
+                log.info("lease maintenance deferred: %s", e.message)
+
+    async def _progress_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_NOTIFY_INTERVAL)
+            self.kv.watch_hub.notify_progress()
+
+    async def stop(self) -> None:
+        """Graceful stop: hand leaderships over, stop serving, close everything."""
+        await self._transfer_leaderships()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self.grpc is not None:
+            with contextlib.suppress(Exception):
+                await self.grpc.stop(0.5)
+        await self.host.stop()
+        await self.transport.stop()
+        if self.wal is not None:
+            self.wal.close()
+
+    async def _transfer_leaderships(self) -> None:
+        led = [gid for gid, g in self.host.groups.items() if g.core.role == Role.LEADER]
+        peers = [n for n in self.host.group(KV_GROUP).core.conf_state.voters if n != self.member_id]
+        if not led or not peers:
+            return
+        for i, gid in enumerate(led):
+            target = peers[i % len(peers)]
+            if self.transport.connected(target):
+                self.host.transfer_leader(gid, target)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2.0
+        while loop.time() < deadline:
+            if all(self.host.group(g).core.role != Role.LEADER for g in led):
+                return
+            await asyncio.sleep(0.02)
+
+
+async def serve(config: Config) -> int:
+    """Run a node until SIGTERM/SIGINT or a fatal storage error."""
+    node = Node(config)
+    await node.start()
+    cfg = node.config
+    print(f"accord node {cfg.name} (id {node.member_id:x}) serving clients on "
+          + ", ".join(cfg.advertise_client_urls), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    fatal = asyncio.create_task(node.host.wait_fatal())
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({fatal, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (fatal, stopper):
+            t.cancel()
+        await node.stop()
+    if node.host.fatal is not None:
+        print(f"accord: node stopped: {node.host.fatal}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point of ``accord serve``."""
+    try:
+        config = load_config(argv, os.environ)
+    except ConfigError as e:
+        print(f"accord serve: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper().replace("WARN", "WARNING").replace("WARNINGING", "WARNING"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.run
+    try:
+        return int(runner(serve(config)))
+    except OSError as e:
+        print(f"accord serve: {e}", file=sys.stderr)
+        return 1
