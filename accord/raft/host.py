@@ -318,7 +318,8 @@ class MultiRaftHost:
         g.proposals[seq] = fut
         try:
             self._submit(g, data)
-            return await asyncio.wait_for(fut, timeout or self.config.request_timeout)
+            async with asyncio.timeout(timeout or self.config.request_timeout):
+                return await fut
         except TimeoutError:
             raise GroupUnavailable("request timed out") from None
         finally:
@@ -349,7 +350,8 @@ class MultiRaftHost:
         g.reads_pending.append(fut)
         self._mark(g)
         try:
-            await asyncio.wait_for(fut, timeout or self.config.request_timeout)
+            async with asyncio.timeout(timeout or self.config.request_timeout):
+                await fut
         except TimeoutError:
             raise GroupUnavailable("request timed out") from None
 

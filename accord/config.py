@@ -1,0 +1,442 @@
+"""Node configuration: one dataclass, loaded from a TOML file, ``ACCORD_*`` variables and flags.
+
+Precedence, lowest to highest: built-in defaults < TOML file < environment < flags.
+Every setting has one canonical name, used everywhere: the flag ``--data-dir``, the
+TOML key ``data-dir`` (``data_dir`` is accepted too) and the environment variable
+``ACCORD_DATA_DIR``. Names follow etcd's where the meaning is the same, so an
+etcd command line mostly works unchanged::
+
+    accord serve --name n1 --data-dir /var/lib/accord/n1 \\
+      --listen-client-urls http://10.0.0.1:2379 --advertise-client-urls http://10.0.0.1:2379 \\
+      --listen-peer-urls http://10.0.0.1:2380 --initial-advertise-peer-urls http://10.0.0.1:2380 \\
+      --initial-cluster n1=http://10.0.0.1:2380,n2=http://10.0.0.2:2380,n3=http://10.0.0.3:2380 \\
+      --initial-cluster-token prod-a --initial-cluster-state new
+
+The same as a TOML file (``--config-file`` or ``ACCORD_CONFIG_FILE``)::
+
+    name = "n1"
+    data-dir = "/var/lib/accord/n1"
+    listen-client-urls = ["http://10.0.0.1:2379"]
+    initial-cluster = "n1=http://10.0.0.1:2380,n2=http://10.0.0.2:2380,n3=http://10.0.0.3:2380"
+    heartbeat-interval = 100
+
+Lists are TOML arrays, or comma-separated strings in any source. Booleans accept
+``true/false/1/0/yes/no/on/off`` (a bare ``--lease-read`` means true).
+
+Some defaults are derived when a setting is left empty: ``data-dir`` is
+``<name>.accord``, ``advertise-client-urls`` are the listen URLs, the
+``initial-advertise-peer-urls`` are this member's URLs in ``initial-cluster`` (else
+the listen peer URLs), and ``initial-cluster`` is this single member.
+
+Node ids: every member's id is derived from its name and the cluster token
+(``member_id``): stable across restarts, non-zero, 63-bit, and computed the same
+way by every node from ``--initial-cluster``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ENV_PREFIX = "ACCORD_"
+CONFIG_FILE_ENV = "ACCORD_CONFIG_FILE"
+LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the setting and what to do."""
+
+
+def _opt(default: Any, help: str, *, aliases: tuple[str, ...] = ()) -> Any:
+    return field(default=default, metadata={"help": help, "aliases": aliases})
+
+
+def _meta(help: str) -> dict[str, Any]:
+    return {"help": help, "aliases": ()}
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+@dataclass(slots=True)
+class Config:
+    """Everything one ``accord serve`` node needs to know (see the module docstring)."""
+
+    name: str = _opt("default", "Human-readable name of this member; must appear in --initial-cluster.")
+    data_dir: str = _opt("", "Directory for the WAL and snapshots (default: <name>.accord).")
+    listen_client_urls: list[str] = field(
+        default_factory=lambda: ["http://127.0.0.1:2379"],
+        metadata=_meta("URLs to serve client (gRPC) traffic on."))
+    advertise_client_urls: list[str] = field(
+        default_factory=list,
+        metadata=_meta("Client URLs told to clients and other members (default: the listen client URLs)."))
+    listen_peer_urls: list[str] = field(
+        default_factory=lambda: ["http://127.0.0.1:2380"],
+        metadata=_meta("URLs to listen on for Raft traffic from other members."))
+    initial_advertise_peer_urls: list[str] = field(
+        default_factory=list,
+        metadata=_meta("This member's peer URLs as the others reach them "
+                       "(default: its entry in --initial-cluster)."))
+    initial_cluster: str = _opt("", "All members at bootstrap: name=http://host:port,... "
+                                    "(default: this member alone).")
+    initial_cluster_state: str = _opt("new", "'new' to bootstrap a cluster, 'existing' to join one.")
+    cluster_token: str = _opt("accord-cluster", "Token unique to this cluster: keeps clusters "
+                                                "apart and seeds the member ids.",
+                              aliases=("initial-cluster-token",))
+    heartbeat_interval: int = _opt(100, "Raft heartbeat interval and tick length, in ms.")
+    election_timeout: int = _opt(1000, "Raft election timeout in ms (at least 5x the heartbeat interval).")
+    shards: int = _opt(8, "Number of key-space shards (Raft groups) at bootstrap, besides the meta group.")
+    max_request_bytes: int = _opt(1536 * 1024, "Largest client request accepted, in bytes.")
+    quota_backend_bytes: int = _opt(2 << 30, "Storage quota in bytes; writes are refused above it.")
+    max_txn_ops: int = _opt(128, "Most operations in one Txn.")
+    snapshot_count: int = _opt(10_000, "Applied entries per group between two snapshots.")
+    log_level: str = _opt("info", "Log level: debug, info, warn, error.")
+    listen_metrics_urls: list[str] = field(
+        default_factory=list, metadata=_meta("Extra URLs serving /metrics and /health (default: none)."))
+    lease_read: bool = _opt(False, "Serve linearizable reads from a leader lease instead of a "
+                                   "ReadIndex round (needs a clock-drift bound).")
+    max_clock_drift: int = _opt(50, "Bound on clock-rate drift between members in ms, "
+                                    "subtracted from the leader lease.")
+
+    # -- derived values ------------------------------------------------------
+
+    def resolved(self) -> Config:
+        """A copy with the derived defaults filled in (see the module docstring)."""
+        copies: dict[str, Any] = {f.name: list(getattr(self, f.name)) for f in fields(self)
+                                  if isinstance(getattr(self, f.name), list)}
+        c = dataclasses.replace(self, **copies)
+        if not c.data_dir:
+            c.data_dir = f"{c.name}.accord"
+        if not c.advertise_client_urls:
+            c.advertise_client_urls = list(c.listen_client_urls)
+        if not c.initial_advertise_peer_urls:
+            members = _parse_cluster(c.initial_cluster) if c.initial_cluster else {}
+            c.initial_advertise_peer_urls = list(members.get(c.name, c.listen_peer_urls))
+        if not c.initial_cluster:
+            c.initial_cluster = ",".join(f"{c.name}={u}" for u in c.initial_advertise_peer_urls)
+        return c
+
+    def members(self) -> dict[str, list[str]]:
+        """``--initial-cluster`` as member name -> peer URLs."""
+        return _parse_cluster(self.initial_cluster)
+
+    @property
+    def member_id(self) -> int:
+        """This node's id."""
+        return member_id(self.name, self.cluster_token)
+
+    @property
+    def cluster_id(self) -> int:
+        """The id peers exchange in their handshake to refuse links across clusters."""
+        return cluster_id(self.cluster_token)
+
+    def member_ids(self) -> dict[str, int]:
+        """Member name -> node id for every member of ``--initial-cluster``."""
+        return {n: member_id(n, self.cluster_token) for n in self.members()}
+
+    def peer_addresses(self) -> dict[int, tuple[str, int]]:
+        """Node id -> (host, port) of every *other* member's first peer URL."""
+        return {member_id(n, self.cluster_token): parse_url(urls[0], "initial-cluster")
+                for n, urls in self.members().items() if n != self.name}
+
+    def client_listen_addresses(self) -> list[tuple[str, int]]:
+        """(host, port) of every ``--listen-client-urls`` entry."""
+        return [parse_url(u, "listen-client-urls") for u in self.listen_client_urls]
+
+    def peer_listen_address(self) -> tuple[str, int]:
+        """(host, port) the peer transport listens on (the first ``--listen-peer-urls``)."""
+        return parse_url(self.listen_peer_urls[0], "listen-peer-urls")
+
+    @property
+    def tick_interval(self) -> float:
+        """Seconds per Raft tick."""
+        return self.heartbeat_interval / 1000.0
+
+    @property
+    def election_ticks(self) -> int:
+        """Election timeout in ticks."""
+        return max(1, self.election_timeout // self.heartbeat_interval)
+
+    @property
+    def clock_drift_ticks(self) -> int:
+        """``max_clock_drift`` rounded up to whole ticks."""
+        return math.ceil(self.max_clock_drift / self.heartbeat_interval)
+
+    # -- validation ----------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise ``ConfigError`` listing every problem; returns quietly if all is well."""
+        problems: list[str] = []
+        p = problems.append
+        if not _NAME_RE.match(self.name):
+            p(f"name {self.name!r}: use 1-63 letters, digits, '.', '_' or '-'")
+        if not self.cluster_token:
+            p("cluster-token must not be empty")
+        for key in ("listen_client_urls", "advertise_client_urls", "listen_peer_urls",
+                    "initial_advertise_peer_urls", "listen_metrics_urls"):
+            urls: list[str] = getattr(self, key)
+            flag = key.replace("_", "-")
+            if not urls and key != "listen_metrics_urls":
+                p(f"{flag} must list at least one URL")
+            for u in urls:
+                try:
+                    host, _ = parse_url(u, flag)
+                except ConfigError as e:
+                    p(str(e))
+                    continue
+                if key.startswith(("advertise", "initial")) and host in _WILDCARDS:
+                    p(f"{flag}: {u!r} is a wildcard address; advertise an address others can reach")
+        if len(self.listen_peer_urls) > 1:
+            p(f"listen-peer-urls: accord listens on one peer URL, got {len(self.listen_peer_urls)}")
+        try:
+            members = self.members()
+        except ConfigError as e:
+            p(str(e))
+            members = {}
+        if members:
+            if self.name not in members:
+                p(f"member name {self.name!r} is not in initial-cluster "
+                  f"(members: {', '.join(sorted(members))})")
+            elif sorted(members[self.name]) != sorted(self.initial_advertise_peer_urls):
+                p(f"initial-cluster lists {self.name}={','.join(members[self.name])} but "
+                  f"initial-advertise-peer-urls is {','.join(self.initial_advertise_peer_urls)}; "
+                  "they must match")
+            ids = {member_id(n, self.cluster_token) for n in members}
+            if len(ids) != len(members):
+                p("two member names hash to the same node id; rename one member")
+        if self.initial_cluster_state not in ("new", "existing"):
+            p(f"initial-cluster-state {self.initial_cluster_state!r}: use 'new' or 'existing'")
+        if not 1 <= self.heartbeat_interval <= 10_000:
+            p(f"heartbeat-interval {self.heartbeat_interval} ms: must be 1..10000")
+        if self.election_timeout < 5 * self.heartbeat_interval:
+            p(f"election-timeout ({self.election_timeout} ms) must be at least 5x "
+              f"heartbeat-interval ({self.heartbeat_interval} ms)")
+        if self.election_timeout > 50_000:
+            p(f"election-timeout {self.election_timeout} ms: at most 50000")
+        if not 1 <= self.shards <= 1024:
+            p(f"shards {self.shards}: must be 1..1024")
+        if self.quota_backend_bytes <= 0:
+            p(f"quota-backend-bytes {self.quota_backend_bytes}: must be > 0")
+        if not 1 <= self.max_request_bytes <= max(1, self.quota_backend_bytes):
+            p(f"max-request-bytes {self.max_request_bytes}: must be 1..quota-backend-bytes")
+        if self.max_txn_ops < 1:
+            p(f"max-txn-ops {self.max_txn_ops}: must be >= 1")
+        if self.snapshot_count < 1:
+            p(f"snapshot-count {self.snapshot_count}: must be >= 1")
+        if self.log_level not in LOG_LEVELS:
+            p(f"log-level {self.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
+        if self.max_clock_drift < 0:
+            p(f"max-clock-drift {self.max_clock_drift} ms: must be >= 0")
+        if self.lease_read and not 0 < self.max_clock_drift < self.election_timeout // 2:
+            p(f"lease-read needs 0 < max-clock-drift < election-timeout/2 "
+              f"(got {self.max_clock_drift} ms, election-timeout {self.election_timeout} ms)")
+        if problems:
+            raise ConfigError("invalid configuration: " + "; ".join(problems))
+
+
+# ---------------------------------------------------------------------------
+# ids and URLs
+
+
+def _id63(*parts: str) -> int:
+    h = hashlib.sha256("\0".join(parts).encode()).digest()
+    return (int.from_bytes(h[:8], "big") >> 1) or 1
+
+
+def member_id(name: str, cluster_token: str) -> int:
+    """The node id of member ``name`` in the cluster ``cluster_token``: stable, 1..2**63-1."""
+    return _id63("accord-member", cluster_token, name)
+
+
+def cluster_id(cluster_token: str) -> int:
+    """The cluster's id (exchanged in peer handshakes): stable, 1..2**63-1."""
+    return _id63("accord-cluster", cluster_token)
+
+
+def parse_url(url: str, what: str = "url") -> tuple[str, int]:
+    """``http://127.0.0.1:2380`` -> ``("127.0.0.1", 2380)``; ``ConfigError`` if unusable."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as e:
+        raise ConfigError(f"{what}: {url!r} is not a valid URL ({e})") from e
+    if parts.scheme == "https":
+        raise ConfigError(f"{what}: {url!r}: TLS is not supported yet; use http://")
+    if parts.scheme != "http":
+        raise ConfigError(f"{what}: {url!r} must start with http://")
+    if not parts.hostname:
+        raise ConfigError(f"{what}: {url!r} has no host")
+    if port is None or port == 0:
+        raise ConfigError(f"{what}: {url!r} needs an explicit port, e.g. http://{parts.hostname}:2380")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise ConfigError(f"{what}: {url!r} must be just http://host:port")
+    return parts.hostname, port
+
+
+def _parse_cluster(spec: str) -> dict[str, list[str]]:
+    members: dict[str, list[str]] = {}
+    seen: dict[str, str] = {}
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        name, sep, url = item.partition("=")
+        name, url = name.strip(), url.strip()
+        if not sep or not name or not url:
+            raise ConfigError(f"initial-cluster: {item!r} is not name=http://host:port")
+        if not _NAME_RE.match(name):
+            raise ConfigError(f"initial-cluster: member name {name!r}: use letters, digits, '.', '_' or '-'")
+        parse_url(url, "initial-cluster")
+        if url in seen and seen[url] != name:
+            raise ConfigError(f"initial-cluster: {url} is listed for both {seen[url]} and {name}")
+        seen[url] = name
+        members.setdefault(name, [])
+        if url not in members[name]:
+            members[name].append(url)
+    if not members and spec.strip():
+        raise ConfigError("initial-cluster: no members listed")
+    return members
+
+
+# ---------------------------------------------------------------------------
+# loading
+
+
+def _flag(f: dataclasses.Field[Any]) -> str:
+    return f.name.replace("_", "-")
+
+
+def _names(f: dataclasses.Field[Any]) -> tuple[str, ...]:
+    return (_flag(f), *f.metadata["aliases"])
+
+
+def _env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper().replace("-", "_")
+
+
+def _convert(f: dataclasses.Field[Any], value: object, source: str) -> Any:
+    """``value`` (a string from flags/env, or a TOML value) as the type of field ``f``."""
+    default = _default(f)
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{source}: expected true or false, got {value!r}")
+    if isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"{source}: expected an integer, got {value!r}")
+    if isinstance(default, list):
+        if isinstance(value, str):
+            return [s.strip() for s in value.split(",") if s.strip()]
+        if isinstance(value, list) and all(isinstance(s, str) for s in value):
+            return [s.strip() for s in value]
+        raise ConfigError(f"{source}: expected a list of URLs, got {value!r}")
+    if isinstance(value, str):
+        return value.strip()
+    raise ConfigError(f"{source}: expected a string, got {value!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register every setting as a flag (plus ``--config-file``) on ``parser``.
+
+    Flags default to "not given", so that ``config_from_args`` can layer them
+    over the environment and the file.
+    """
+    parser.add_argument("--config-file", default=argparse.SUPPRESS, metavar="PATH",
+                        help=f"TOML file with settings (env {CONFIG_FILE_ENV})")
+    for f in fields(Config):
+        default = _default(f)
+        shown = ",".join(default) if isinstance(default, list) else default
+        help_ = f"{f.metadata['help']} [env {_env_name(_flag(f))}; default {shown!r}]"
+        opts = [f"--{n}" for n in _names(f)]
+        if isinstance(default, bool):
+            parser.add_argument(*opts, dest=f.name, nargs="?", const="true", default=argparse.SUPPRESS,
+                                metavar="BOOL", help=help_)
+        else:
+            parser.add_argument(*opts, dest=f.name, default=argparse.SUPPRESS, metavar=f.name.upper(),
+                                help=help_)
+
+
+def _from_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file {path}: not found") from e
+    except OSError as e:
+        raise ConfigError(f"config file {path}: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: not valid TOML ({e})") from e
+    by_name = {n.replace("-", "_"): f for f in fields(Config) for n in _names(f)}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        f = by_name.get(key.replace("-", "_"))
+        if f is None:
+            raise ConfigError(f"config file {path}: unknown setting {key!r}")
+        out[f.name] = _convert(f, value, f"config file {path}: {key}")
+    return out
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields(Config):
+        for n in _names(f):
+            var = _env_name(n)
+            if var in environ:
+                out[f.name] = _convert(f, environ[var], var)
+                break
+    return out
+
+
+def config_from_args(ns: argparse.Namespace, environ: Mapping[str, str] | None = None,
+                     toml_path: str | Path | None = None) -> Config:
+    """Build, resolve and validate a Config from parsed flags, the environment and a file.
+
+    The file is ``toml_path`` if given, else ``--config-file``, else ``$ACCORD_CONFIG_FILE``.
+    """
+    env = os.environ if environ is None else environ
+    path = toml_path if toml_path is not None else getattr(ns, "config_file", None) or env.get(CONFIG_FILE_ENV)
+    values: dict[str, Any] = {}
+    if path:
+        values.update(_from_toml(str(path)))
+    values.update(_from_env(env))
+    for f in fields(Config):
+        if hasattr(ns, f.name):
+            values[f.name] = _convert(f, getattr(ns, f.name), f"--{_flag(f)}")
+    cfg = Config(**values).resolved()
+    cfg.validate()
+    return cfg
+
+
+def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None,
+                toml_path: str | Path | None = None) -> Config:
+    """Parse ``accord serve`` flags from ``argv`` and return the validated Config.
+
+    Exits (argparse) on unknown flags or ``--help``; raises ``ConfigError`` on bad values.
+    """
+    parser = argparse.ArgumentParser(prog="accord serve", description="Run one accord node.")
+    add_arguments(parser)
+    return config_from_args(parser.parse_args(list(argv)), environ, toml_path)

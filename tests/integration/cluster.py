@@ -1,0 +1,210 @@
+"""A real accord cluster for tests: `accord serve` subprocesses on 127.0.0.1.
+
+Each node is started by PID and ended by PID (SIGTERM, then SIGKILL); the tests
+pause (SIGSTOP), resume (SIGCONT), kill -9 and restart them. Clients are the
+etcd v3 gRPC stubs generated from accord's own protos.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from accord.proto import rpc_pb2, rpc_pb2_grpc
+
+HOST = "127.0.0.1"
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports that were free a moment ago."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass
+class ProcNode:
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+    _channel: grpc.Channel | None = field(default=None, repr=False)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{HOST}:{self.client_port}"
+
+    def channel(self) -> grpc.Channel:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.endpoint)
+        return self._channel
+
+    def kv(self) -> rpc_pb2_grpc.KVStub:
+        return rpc_pb2_grpc.KVStub(self.channel())
+
+    def maintenance(self) -> rpc_pb2_grpc.MaintenanceStub:
+        return rpc_pb2_grpc.MaintenanceStub(self.channel())
+
+    def close_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+class ProcCluster:
+    """N `accord serve` processes forming one cluster."""
+
+    def __init__(self, root: Path, n: int = 3, *, heartbeat_ms: int = 50,
+                 election_ms: int = 500, extra: tuple[str, ...] = ()) -> None:
+        ports = free_ports(2 * n)
+        self.nodes = [
+            ProcNode(f"n{i + 1}", ports[2 * i], ports[2 * i + 1], root / f"n{i + 1}",
+                     root / f"n{i + 1}.log")
+            for i in range(n)
+        ]
+        self.heartbeat_ms = heartbeat_ms
+        self.election_ms = election_ms
+        self.extra = extra
+        self.initial = ",".join(f"{x.name}=http://{HOST}:{x.peer_port}" for x in self.nodes)
+
+    def start(self, node: ProcNode) -> None:
+        args = [
+            sys.executable, "-m", "accord", "serve",
+            "--name", node.name, "--data-dir", str(node.data_dir),
+            "--listen-client-urls", f"http://{node.endpoint}",
+            "--listen-peer-urls", f"http://{HOST}:{node.peer_port}",
+            "--initial-cluster", self.initial,
+            "--heartbeat-interval", str(self.heartbeat_ms),
+            "--election-timeout", str(self.election_ms),
+            *self.extra,
+        ]
+        log = open(node.log_path, "ab")  # noqa: SIM115 - owned by the child's lifetime
+        node.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        node.paused = False
+
+    def start_all(self) -> None:
+        for node in self.nodes:
+            self.start(node)
+        for node in self.nodes:
+            self.wait_serving(node)
+
+    def wait_serving(self, node: ProcNode, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert node.proc is not None
+            if node.proc.poll() is not None:
+                raise AssertionError(f"{node.name} exited with {node.proc.returncode}; "
+                                     f"log:\n{self.log(node)}")
+            with contextlib.suppress(OSError), socket.create_connection((HOST, node.client_port), 0.2):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"{node.name} did not serve within {timeout}s; log:\n{self.log(node)}")
+
+    def log(self, node: ProcNode) -> str:
+        try:
+            return node.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def signal(self, node: ProcNode, sig: signal.Signals) -> None:
+        assert node.proc is not None
+        os.kill(node.proc.pid, sig)
+        if sig == signal.SIGSTOP:
+            node.paused = True
+        elif sig == signal.SIGCONT:
+            node.paused = False
+
+    def kill(self, node: ProcNode) -> None:
+        """kill -9 and reap."""
+        if node.proc is not None and node.proc.poll() is None:
+            os.kill(node.proc.pid, signal.SIGKILL)
+            node.proc.wait(10)
+        node.close_channel()
+
+    def stop(self, node: ProcNode, timeout: float = 10.0) -> int | None:
+        """SIGTERM (graceful), SIGKILL after ``timeout``; returns the exit status."""
+        if node.proc is None or node.proc.poll() is not None:
+            return node.proc.returncode if node.proc else None
+        if node.paused:
+            os.kill(node.proc.pid, signal.SIGCONT)
+        os.kill(node.proc.pid, signal.SIGTERM)
+        try:
+            return node.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(node.proc.pid, signal.SIGKILL)
+            node.proc.wait(10)
+            return None
+        finally:
+            node.close_channel()
+
+    def stop_all(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                self.stop(node)
+
+    # --- client helpers --------------------------------------------------------------
+    def status(self, node: ProcNode, timeout: float = 1.0) -> rpc_pb2.StatusResponse:
+        return node.maintenance().Status(rpc_pb2.StatusRequest(), timeout=timeout)
+
+    def leader(self, among: list[ProcNode] | None = None, timeout: float = 20.0) -> ProcNode:
+        """The node that every live node in ``among`` agrees leads the KV group."""
+        nodes = among or [n for n in self.nodes if n.proc and n.proc.poll() is None and not n.paused]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = set()
+            for n in nodes:
+                with contextlib.suppress(grpc.RpcError):
+                    seen.add(self.status(n, 0.5).leader)
+            if len(seen) == 1 and 0 not in seen:
+                (lid,) = seen
+                for n in nodes:
+                    with contextlib.suppress(grpc.RpcError):
+                        if self.status(n, 0.5).header.member_id == lid:
+                            return n
+            time.sleep(0.05)
+        raise AssertionError(f"no agreed leader among {[n.name for n in nodes]} in {timeout}s")
+
+    def put(self, key: bytes, value: bytes, via: list[ProcNode] | None = None,
+            timeout: float = 30.0) -> int:
+        """Put through any live node, retrying transient errors; returns the revision."""
+        nodes = via or [n for n in self.nodes if n.proc and n.proc.poll() is None and not n.paused]
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        i = 0
+        while time.monotonic() < deadline:
+            n = nodes[i % len(nodes)]
+            i += 1
+            try:
+                r = n.kv().Put(rpc_pb2.PutRequest(key=key, value=value), timeout=2.0)
+                return int(r.header.revision)
+            except grpc.RpcError as e:
+                last = e
+                time.sleep(0.05)
+        raise AssertionError(f"put {key!r} failed for {timeout}s: {last}")
+
+    def get(self, node: ProcNode, key: bytes, *, serializable: bool = False,
+            timeout: float = 5.0) -> bytes | None:
+        r = node.kv().Range(rpc_pb2.RangeRequest(key=key, serializable=serializable),
+                            timeout=timeout)
+        return r.kvs[0].value if r.kvs else None

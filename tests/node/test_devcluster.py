@@ -1,0 +1,235 @@
+"""`accord dev` launcher, driven as a real subprocess with a fake `accord serve`.
+
+The fake server (written to a temp dir) records its arguments and PID, listens on
+its client and peer ports, and on SIGTERM writes a marker and exits; modes make it
+ignore SIGTERM or crash at startup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+FAKE_SERVER = r'''
+import json, os, signal, socket, sys, time
+args = sys.argv[1:]
+opt = {args[i]: args[i + 1] for i in range(0, len(args) - 1, 2) if args[i].startswith("--")}
+mode = os.environ.get("FAKE_MODE", "ok")
+data = opt["--data-dir"]
+os.makedirs(data, exist_ok=True)
+with open(os.path.join(data, "argv.json"), "w") as f:
+    json.dump({"argv": args, "pid": os.getpid()}, f)
+if mode == "crash":
+    print("fake: cannot start", flush=True)
+    sys.exit(3)
+def port(url):
+    return int(url.rsplit(":", 1)[1])
+socks = []
+for key in ("--listen-client-urls", "--listen-peer-urls"):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port(opt[key])))
+    s.listen()
+    socks.append(s)
+def on_term(signum, frame):
+    with open(os.path.join(data, "terminated"), "w") as f:
+        f.write("ok")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "stubborn" else on_term)
+print("fake " + opt["--name"] + " ready", flush=True)
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    socks[0].settimeout(0.2)
+    try:
+        c, _ = socks[0].accept()
+        c.close()
+    except OSError:
+        pass
+'''
+
+
+def free_base(nodes: int) -> int:
+    """A base port with 2*nodes consecutive free ports on 127.0.0.1."""
+    rng = random.Random()
+    for _ in range(50):
+        base = rng.randrange(20000, 40000, 2)
+        ok = True
+        for p in range(base, base + 2 * nodes):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port range found")
+
+
+class Launcher:
+    """A running `accord dev` subprocess with its output collected by a reader thread."""
+
+    def __init__(self, tmp: Path, nodes: int, base: int, mode: str = "ok", *extra: str) -> None:
+        fake = tmp / "fake_serve.py"
+        fake.write_text(FAKE_SERVER)
+        self.data = tmp / "cluster"
+        env = dict(os.environ, FAKE_MODE=mode, PYTHONPATH=str(REPO))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "accord.devcluster", "--nodes", str(nodes), "--base-port", str(base),
+             "--data-dir", str(self.data), "--serve-command", f"{sys.executable} {fake}", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp,
+            start_new_session=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    def wait_for(self, text: str, limit: float = 30.0) -> str:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.seen.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"no line with {text!r} within {limit}s; got:\n" + "\n".join(self.seen))
+
+    def finish(self, limit: float = 30.0) -> int:
+        rc = self.proc.wait(timeout=limit)
+        self._reader.join(timeout=5)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return rc
+
+    def child_pids(self) -> list[int]:
+        pids = []
+        for f in self.data.glob("n*/argv.json"):
+            pids.append(json.loads(f.read_text())["pid"])
+        return pids
+
+    def cleanup(self) -> None:
+        """Kill by PID whatever is still alive (the launcher and its children)."""
+        for pid in [self.proc.pid, *self.child_pids()]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[type[Launcher]]:
+    started: list[Launcher] = []
+
+    class Tracked(Launcher):
+        def __init__(self, *a: object, **kw: object) -> None:
+            super().__init__(tmp_path, *a, **kw)  # type: ignore[arg-type]
+            started.append(self)
+
+    try:
+        yield Tracked
+    finally:
+        for launcher in started:
+            launcher.cleanup()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); check its state
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    return False
+
+
+def answers(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_starts_prints_endpoints_and_stops_cleanly(launch: type[Launcher]) -> None:
+    base = free_base(3)
+    lc = launch(3, base)
+    lc.wait_for("etcdctl")
+    out = "\n".join(lc.seen)
+    clients = [f"http://127.0.0.1:{base + 2 * i}" for i in range(3)]
+    assert f"client endpoints: {','.join(clients)}" in out
+    assert f"etcdctl --endpoints={','.join(clients)} put" in out
+    assert "[n2] fake n2 ready" in out  # children's output is prefixed
+    for i in range(3):
+        assert answers(base + 2 * i)
+        argv = json.loads((lc.data / f"n{i + 1}" / "argv.json").read_text())["argv"]
+        opt = dict(zip(argv[::2], argv[1::2], strict=False))
+        assert opt["--name"] == f"n{i + 1}"
+        assert opt["--listen-client-urls"] == clients[i]
+        assert opt["--listen-peer-urls"] == f"http://127.0.0.1:{base + 2 * i + 1}"
+        assert opt["--initial-cluster"] == ",".join(
+            f"n{j + 1}=http://127.0.0.1:{base + 2 * j + 1}" for j in range(3))
+        assert opt["--data-dir"] == str(lc.data / f"n{i + 1}")
+    pids = lc.child_pids()
+    assert len(pids) == 3
+    lc.proc.send_signal(signal.SIGINT)
+    assert lc.finish() == 0
+    for i in range(3):
+        assert (lc.data / f"n{i + 1}" / "terminated").exists()  # got SIGTERM, exited by itself
+        assert f"fake n{i + 1} ready" in (lc.data / f"n{i + 1}.log").read_text()
+        assert not answers(base + 2 * i)
+    assert not any(alive(p) for p in pids)
+
+
+def test_stubborn_child_is_killed(launch: type[Launcher]) -> None:
+    base = free_base(2)
+    lc = launch(2, base, "stubborn", "--stop-timeout", "0.5", "--quiet")
+    lc.wait_for("etcdctl")
+    assert not any(line.startswith("[n1]") for line in lc.seen)  # --quiet
+    pids = lc.child_pids()
+    lc.proc.send_signal(signal.SIGTERM)
+    assert lc.finish() == 0
+    assert "ignored SIGTERM; killing it" in "\n".join(lc.seen)
+    assert not any(alive(p) for p in pids)
+    assert not list(lc.data.glob("n*/terminated"))
+
+
+def test_child_crash_at_startup_fails_and_cleans_up(launch: type[Launcher]) -> None:
+    base = free_base(2)
+    lc = launch(2, base, "crash")
+    assert lc.finish() == 1
+    out = "\n".join(lc.seen)
+    assert "exited with code 3 during startup" in out
+    assert "fake: cannot start" in out
+    assert not any(alive(p) for p in lc.child_pids())
+
+
+def test_port_in_use_is_refused(launch: type[Launcher]) -> None:
+    base = free_base(1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", base + 1))
+        s.listen()
+        lc = launch(1, base)
+        assert lc.finish() == 1
+    assert f"port(s) {base + 1} on 127.0.0.1 are in use" in "\n".join(lc.seen)
+    assert not (lc.data / "n1").exists()
