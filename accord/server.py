@@ -244,6 +244,7 @@ class Node:
         self.transport = PeerTransport(
             self.member_id, host_ip, peer_port, cluster_id=cfg.cluster_id,
             on_messages=self._deliver, on_snapshot_chunk=self._snapshot_chunk,
+            on_heartbeats=self._heartbeats,
         )
         self.host = MultiRaftHost(
             self.member_id, wal, snapshots, self.transport,
@@ -285,6 +286,9 @@ class Node:
     # transport callbacks go through the node so they can be bound before the host exists
     def _deliver(self, frm: int, batch: list[Any]) -> None:
         self.host.deliver(frm, batch)
+
+    def _heartbeats(self, frm: int, heartbeats: Any, resps: Any) -> None:
+        self.host.deliver_heartbeats(frm, heartbeats, resps)
 
     async def _snapshot_chunk(self, frm: int, piece: Any) -> int:
         return await self.host.receive_snapshot_chunk(frm, piece)

@@ -45,6 +45,12 @@ import msgpack
 from accord.raft.codec import SnapshotPiece
 from accord.raft.core import Config as CoreConfig
 from accord.raft.core import RaftCore
+from accord.raft.quiesce import (
+    QUIESCE_CONTEXT,
+    PeerLiveness,
+    follower_can_quiesce,
+    leader_can_quiesce,
+)
 from accord.raft.snapshot import SnapshotReceiver, SnapshotStore
 from accord.raft.types import (
     NO_NODE,
@@ -88,6 +94,8 @@ class Transport(Protocol):
 
     def flush(self) -> None: ...
 
+    def send_heartbeat(self, to_node: int, group_id: int, term: int, commit: int) -> None: ...
+
     def start_snapshot(
         self,
         to_node: int,
@@ -129,6 +137,11 @@ class HostConfig:
     clock_drift_ticks: int = 0
     max_apply_batch: int = 512
     """Entries applied before the apply task yields to the event loop."""
+    quiesce: bool = True
+    """Stop ticking idle groups (``quiesce.py``); never with lease reads, whose lease
+    needs ticks to expire."""
+    quiesce_after_ticks: int = 3
+    """Idle ticks before a leader quiesces its group."""
 
 
 @dataclass(slots=True)
@@ -156,6 +169,9 @@ class Group:
     pending_restore: Snapshot | None = None
     persisted_conf: ConfState | None = None
     leader_listeners: list[Callable[[int, int], None]] = field(default_factory=list)
+    idle_ticks: int = 0
+    quiesce_from: int = NO_NODE
+    """A leader that asked this follower to quiesce (checked once the turn is done)."""
 
     @property
     def leader(self) -> int:
@@ -221,6 +237,11 @@ class MultiRaftHost:
         self._pending_confs: list[tuple[int, int, ConfState]] = []
         self._fatal: BaseException | None = None
         self._stopped = asyncio.Event()
+        self._active: set[Group] = set()
+        """Groups that tick (not quiesced)."""
+        self._peer_nodes: set[int] = set()
+        self._liveness = PeerLiveness(self.config.tick_interval * self.config.election_ticks)
+        self._quiesce = self.config.quiesce and not self.config.lease_read
         self.turns = 0
         """Poll-loop rounds that wrote to the log (for metrics and tests)."""
 
@@ -259,8 +280,48 @@ class MultiRaftHost:
         g = Group(group_id, core, sm, applied=applied, last_snapshot_index=applied)
         g.persisted_conf = core.conf_state
         self._groups[group_id] = g
+        self._note_peers(core.conf_state)
+        self._activate(g)
         self._mark(g)
         return g
+
+    def _note_peers(self, cs: ConfState) -> None:
+        for n in (*cs.voters, *cs.learners, *cs.voters_outgoing):
+            if n != self.node_id:
+                self._peer_nodes.add(n)
+
+    # ------------------------------------------------------------------ quiescence
+    def _activate(self, g: Group) -> None:
+        g.idle_ticks = 0
+        self._active.add(g)
+
+    @property
+    def active_groups(self) -> int:
+        """How many groups tick now (the rest are quiesced)."""
+        return len(self._active)
+
+    def _maybe_quiesce_leader(self, g: Group) -> None:
+        core = g.core
+        if not leader_can_quiesce(core) or g.proposals or g.reads_pending or g.reads_issued:
+            g.idle_ticks = 0
+            return
+        g.idle_ticks += 1
+        if g.idle_ticks < self.config.quiesce_after_ticks:
+            return
+        for peer in core.progress:
+            if peer != self.node_id:
+                self._transport.send(peer, g.id, Message(
+                    MessageType.HEARTBEAT, to=peer, frm=self.node_id, term=core.term,
+                    commit=core.commit_index, context=QUIESCE_CONTEXT))
+        self._active.discard(g)
+
+    def deliver_heartbeats(self, from_node: int, heartbeats: object, resps: object) -> None:
+        """Transport callback for heartbeat bundles: node-level liveness pings."""
+        self._heard(from_node)
+
+    def _heard(self, node: int) -> None:
+        if self._liveness.heard(node, asyncio.get_running_loop().time()):
+            log.info("node %d: peer %d is reachable again", self.node_id, node)
 
     def group(self, group_id: int) -> Group:
         """The hosted group ``group_id``; KeyError if it is not on this node."""
@@ -326,6 +387,7 @@ class MultiRaftHost:
             g.proposals.pop(seq, None)
 
     def _submit(self, g: Group, data: bytes) -> None:
+        self._activate(g)
         core = g.core
         if core.role == Role.LEADER:
             try:
@@ -348,6 +410,7 @@ class MultiRaftHost:
         self._check_alive()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         g.reads_pending.append(fut)
+        self._activate(g)
         self._mark(g)
         try:
             async with asyncio.timeout(timeout or self.config.request_timeout):
@@ -358,12 +421,14 @@ class MultiRaftHost:
     def transfer_leader(self, group_id: int, target: int) -> None:
         """Ask the group's leader (this node) to hand leadership to ``target``."""
         g = self._groups[group_id]
+        self._activate(g)
         g.core.transfer_leader(target)
         self._mark(g)
 
     def campaign(self, group_id: int) -> None:
         """Start an election for the group now (used at bootstrap to save a timeout)."""
         g = self._groups[group_id]
+        self._activate(g)
         g.core.campaign()
         self._mark(g)
 
@@ -374,10 +439,15 @@ class MultiRaftHost:
     # ------------------------------------------------------------------ inbound
     def deliver(self, from_node: int, batch: list[tuple[int, Message]]) -> None:
         """Transport callback: messages from ``from_node`` for our groups."""
+        self._heard(from_node)
         for group_id, msg in batch:
             g = self._groups.get(group_id)
             if g is None:
                 continue
+            if g not in self._active and msg.type != MessageType.HEARTBEAT_RESP:
+                self._activate(g)
+            if msg.type == MessageType.HEARTBEAT and msg.context == QUIESCE_CONTEXT:
+                g.quiesce_from = msg.frm
             if msg.type == MessageType.PROPOSE:
                 self._handle_forwarded(g, msg)
                 continue
@@ -442,11 +512,28 @@ class MultiRaftHost:
         interval = self.config.tick_interval
         while True:
             await asyncio.sleep(interval)
-            for g in self._groups.values():
+            for peer in self._peer_nodes:
+                self._transport.send_heartbeat(peer, 0, 0, 0)
+            for g in list(self._active):
+                if self._quiesce and g.core.role == Role.LEADER:
+                    self._maybe_quiesce_leader(g)
+                    if g not in self._active:
+                        continue
                 g.core.tick()
                 if g.reads_pending or g.core.has_ready():
                     self._dirty.add(g)
+            self._wake_groups_of_silent_peers()
+            self._transport.flush()
             self._wake.set()
+
+    def _wake_groups_of_silent_peers(self) -> None:
+        down = self._liveness.newly_down(asyncio.get_running_loop().time())
+        if not down:
+            return
+        log.info("node %d: peers %s went silent; waking their quiesced groups", self.node_id, down)
+        for g in self._groups.values():
+            if g not in self._active and g.core.leader_id in down:
+                self._activate(g)
 
     async def _poll_loop(self) -> None:
         try:
@@ -506,6 +593,7 @@ class MultiRaftHost:
 
     def _after_persist(self, g: Group, rd: Ready) -> None:
         if rd.soft_state is not None:
+            self._activate(g)
             self._fail_reads(g, keep_leader=rd.soft_state.leader)
             for cb in g.leader_listeners:
                 cb(g.id, rd.soft_state.leader)
@@ -529,9 +617,14 @@ class MultiRaftHost:
         cs = g.core.conf_state
         if cs != g.persisted_conf:
             g.persisted_conf = cs
+            self._note_peers(cs)
             self._pending_conf(g, cs)
         if g.core.has_ready():
             self._mark(g)
+        elif g.quiesce_from != NO_NODE:
+            if self._quiesce and follower_can_quiesce(g.core, g.quiesce_from):
+                self._active.discard(g)
+            g.quiesce_from = NO_NODE
 
     def _pending_conf(self, g: Group, cs: ConfState) -> None:
         # Persist the membership in force with the next batch: recovery then starts

@@ -74,6 +74,7 @@ class Cluster:
             nid, "127.0.0.1", self.ports.get(nid, 0),
             on_messages=lambda frm, batch: holder[0].deliver(frm, batch),
             on_snapshot_chunk=lambda frm, piece: holder[0].receive_snapshot_chunk(frm, piece),
+            on_heartbeats=lambda frm, hbs, resps: holder[0].deliver_heartbeats(frm, hbs, resps),
             backoff_max=0.2,
         )
         host = MultiRaftHost(nid, wal, snaps, transport, self.config, boot_nonce=nid)
@@ -208,3 +209,25 @@ async def test_every_node_restarted_at_once_loses_no_acknowledged_write(tmp_path
             assert {k: data.get(k) for k in acked} == acked
     finally:
         await c.stop()
+
+
+async def test_idle_groups_quiesce_and_wake_when_their_leader_dies(cluster: Cluster) -> None:
+    for gid in GROUPS:
+        await cluster.leader(gid)
+        await cluster.put(1, gid, "k", "v")
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 5
+    while loop.time() < end and any(n.host.active_groups for n in cluster.nodes.values()):
+        await asyncio.sleep(0.05)
+    assert [n.host.active_groups for n in cluster.nodes.values()] == [0, 0, 0]
+    # a write wakes one group only
+    await cluster.put(2, 1, "k", "v2")
+    assert max(n.host.active_groups for n in cluster.nodes.values()) >= 1
+    # the leader of group 2 dies while its group is quiet: the others notice the silent
+    # node, wake the group and elect a new leader, and writes go on
+    dead = await cluster.leader(2)
+    await asyncio.sleep(0.3)
+    await cluster.stop_node(dead)
+    survivor = next(iter(cluster.nodes))
+    await cluster.put(survivor, 2, "after", "death")
+    assert await cluster.leader(2) != dead
