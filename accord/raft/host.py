@@ -531,8 +531,16 @@ class MultiRaftHost:
         if not down:
             return
         log.info("node %d: peers %s went silent; waking their quiesced groups", self.node_id, down)
+        silent = set(down)
         for g in self._groups.values():
-            if g not in self._active and g.core.leader_id in down:
+            if g in self._active:
+                continue
+            core = g.core
+            # A follower's leader went quiet: its election timer must run again. A
+            # leader lost a voter: CheckQuorum must run, in case it is the one cut off.
+            if core.leader_id in silent or (
+                core.role == Role.LEADER and silent.intersection(core.conf_state.voters)
+            ):
                 self._activate(g)
 
     async def _poll_loop(self) -> None:

@@ -85,6 +85,8 @@ class ProcCluster:
         self.election_ms = election_ms
         self.extra = extra
         self.initial = ",".join(f"{x.name}=http://{HOST}:{x.peer_port}" for x in self.nodes)
+        self.initial_for: dict[str, str] = {}
+        """Per-node ``--initial-cluster`` overrides (peer URLs through proxies)."""
 
     def start(self, node: ProcNode) -> None:
         args = [
@@ -92,12 +94,12 @@ class ProcCluster:
             "--name", node.name, "--data-dir", str(node.data_dir),
             "--listen-client-urls", f"http://{node.endpoint}",
             "--listen-peer-urls", f"http://{HOST}:{node.peer_port}",
-            "--initial-cluster", self.initial,
+            "--initial-cluster", self.initial_for.get(node.name, self.initial),
             "--heartbeat-interval", str(self.heartbeat_ms),
             "--election-timeout", str(self.election_ms),
             *self.extra,
         ]
-        log = open(node.log_path, "ab")  # noqa: SIM115 - owned by the child's lifetime
+        log = open(node.log_path, "ab")
         node.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         log.close()
