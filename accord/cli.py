@@ -32,6 +32,18 @@ def _wal(argv: list[str]) -> int:
     return walcheck.main(argv[1:])
 
 
+def _status(argv: list[str]) -> int:
+    from accord import cli_kv
+
+    return cli_kv.status_main(argv)
+
+
+def _kv(argv: list[str]) -> int:
+    from accord import cli_kv
+
+    return cli_kv.kv_main(argv)
+
+
 def _simulate(argv: list[str]) -> int:
     from accord.raft import demo
 
@@ -41,6 +53,8 @@ def _simulate(argv: list[str]) -> int:
 _COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "serve": (_serve, "run one accord node (daemon)"),
     "dev": (_dev, "run a real local cluster of accord nodes on 127.0.0.1"),
+    "status": (_status, "show every member of a cluster: leader, term, indexes"),
+    "kv": (_kv, "read and write keys: `accord kv get|put|del KEY [VALUE]`"),
     "wal": (_wal, "inspect a node's write-ahead log: `accord wal check DIR`"),
     "simulate": (_simulate, "watch a simulated Raft cluster elect, replicate and fail over"),
 }
