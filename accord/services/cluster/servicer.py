@@ -1,0 +1,394 @@
+"""etcd-compatible Cluster, Maintenance and Auth gRPC servicers.
+
+Thin, like the KV servicers: translate, call the :class:`~accord.services.kv.backend.Backend`,
+fill the header, map :class:`~accord.services.kv.errors.EtcdError` to ``context.abort``.
+
+``Maintenance.Snapshot`` streams an *accord snapshot file*: ``etcdctl snapshot save``
+accepts it (etcd clients require the stream's total size to be 32 more than a multiple of
+512, a SHA-256 trailer after 512-byte-aligned data, which is what a bbolt file plus its
+hash looks like). Layout::
+
+    b"ACCORDSN" | u32 format (1) | u64 revision | u64 payload length | payload
+    | zero padding to a multiple of 512 | sha256(everything before)
+
+``payload`` is the KV state machine's snapshot. ``etcdctl snapshot restore/status`` read
+bbolt files and cannot read this one; :func:`decode_snapshot_file` can.
+
+Auth: accord does not implement etcd's users and roles. ``AuthStatus`` reports auth
+disabled, ``Authenticate`` answers etcd's "authentication is not enabled", listings are
+empty, and changes are refused with a message that says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import AsyncIterator, Sequence
+from urllib.parse import urlsplit
+
+import grpc
+
+from accord.proto import rpc_pb2, rpc_pb2_grpc
+from accord.services.kv.backend import Backend, MemberInfo
+from accord.services.kv.errors import EtcdError
+from accord.services.kv.servicer import fill_header
+
+SNAPSHOT_MAGIC = b"ACCORDSN"
+SNAPSHOT_FORMAT = 1
+_SNAP_HEAD = struct.Struct(">8sIQQ")
+SNAPSHOT_CHUNK = 32 * 1024
+"""Blob bytes per SnapshotResponse (etcd sends 32 KiB chunks)."""
+
+MSG_BAD_URLS = "etcdserver: given member URLs are invalid"
+MSG_AUTH_UNSUPPORTED = (
+    "accord: users and roles are not supported (accord does not implement etcd "
+    "authentication); secure access with TLS and network policy instead"
+)
+
+
+def encode_snapshot_file(revision: int, payload: bytes) -> bytes:
+    """Frame a state-machine snapshot as an accord snapshot file (size ≡ 32 mod 512)."""
+    head = _SNAP_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_FORMAT, revision, len(payload))
+    body = head + payload
+    body += b"\x00" * (-len(body) % 512)
+    return body + hashlib.sha256(body).digest()
+
+
+def decode_snapshot_file(data: bytes) -> tuple[int, bytes]:
+    """``(revision, payload)`` of an accord snapshot file; ValueError saying what is wrong."""
+    if len(data) < _SNAP_HEAD.size + 32 or len(data) % 512 != 32:
+        raise ValueError("not an accord snapshot file: wrong size (truncated or not a snapshot)")
+    body, digest = data[:-32], data[-32:]
+    if hashlib.sha256(body).digest() != digest:
+        raise ValueError("accord snapshot file is corrupt: sha256 trailer does not match")
+    magic, fmt, revision, length = _SNAP_HEAD.unpack_from(body)
+    if magic != SNAPSHOT_MAGIC:
+        raise ValueError("not an accord snapshot file (bad magic; etcd bbolt files are not)")
+    if fmt != SNAPSHOT_FORMAT:
+        raise ValueError(f"accord snapshot file format {fmt} is not supported (expected 1)")
+    if _SNAP_HEAD.size + length > len(body):
+        raise ValueError("accord snapshot file is corrupt: payload length exceeds the file")
+    return revision, body[_SNAP_HEAD.size : _SNAP_HEAD.size + length]
+
+
+def _member_pb(m: MemberInfo) -> rpc_pb2.Member:
+    return rpc_pb2.Member(
+        ID=m.id,
+        name=m.name,
+        peerURLs=list(m.peer_urls),
+        clientURLs=list(m.client_urls),
+        isLearner=m.is_learner,
+    )
+
+
+def _check_urls(urls: Sequence[str]) -> None:
+    """etcd's URL rules for members: http(s)://host:port, no path."""
+    if not urls:
+        raise EtcdError(grpc.StatusCode.INVALID_ARGUMENT, MSG_BAD_URLS, "no peer URLs given")
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as e:
+            raise EtcdError(grpc.StatusCode.INVALID_ARGUMENT, MSG_BAD_URLS, str(e)) from e
+        if parts.scheme not in ("http", "https", "unix", "unixs") or not parts.hostname:
+            raise EtcdError(grpc.StatusCode.INVALID_ARGUMENT, MSG_BAD_URLS, f"bad URL {url!r}")
+        if parts.scheme in ("http", "https") and port is None:
+            raise EtcdError(grpc.StatusCode.INVALID_ARGUMENT, MSG_BAD_URLS, f"no port in {url!r}")
+        if parts.path not in ("", "/"):
+            raise EtcdError(grpc.StatusCode.INVALID_ARGUMENT, MSG_BAD_URLS, f"path in {url!r}")
+
+
+async def _abort(context: grpc.aio.ServicerContext, e: EtcdError) -> None:
+    await context.abort(e.code, e.message)
+
+
+class ClusterServicer(rpc_pb2_grpc.ClusterServicer):
+    """``etcdserverpb.Cluster``: members, mapped to accord's node changes by the backend."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._b = backend
+
+    def _header(self, resp: object) -> None:
+        # etcd's cluster responses carry ids and term but no revision.
+        fill_header(resp.header, self._b, 0)  # type: ignore[attr-defined]
+
+    async def MemberList(
+        self, request: rpc_pb2.MemberListRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.MemberListResponse:
+        """Every member."""
+        try:
+            members = await self._b.members(request.linearizable)
+        except EtcdError as e:
+            await _abort(context, e)
+            raise
+        resp = rpc_pb2.MemberListResponse(members=[_member_pb(m) for m in members])
+        self._header(resp)
+        return resp
+
+    async def MemberAdd(
+        self, request: rpc_pb2.MemberAddRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.MemberAddResponse:
+        """Add a member (a node joining)."""
+        try:
+            _check_urls(request.peerURLs)
+            added, members = await self._b.member_add(list(request.peerURLs), request.isLearner)
+        except EtcdError as e:
+            await _abort(context, e)
+            raise
+        resp = rpc_pb2.MemberAddResponse(
+            member=_member_pb(added), members=[_member_pb(m) for m in members]
+        )
+        self._header(resp)
+        return resp
+
+    async def MemberRemove(
+        self, request: rpc_pb2.MemberRemoveRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.MemberRemoveResponse:
+        """Remove a member (a node leaving)."""
+        try:
+            members = await self._b.member_remove(request.ID)
+        except EtcdError as e:
+            await _abort(context, e)
+            raise
+        resp = rpc_pb2.MemberRemoveResponse(members=[_member_pb(m) for m in members])
+        self._header(resp)
+        return resp
+
+    async def MemberUpdate(
+        self, request: rpc_pb2.MemberUpdateRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.MemberUpdateResponse:
+        """Change a member's peer URLs."""
+        try:
+            _check_urls(request.peerURLs)
+            members = await self._b.member_update(request.ID, list(request.peerURLs))
+        except EtcdError as e:
+            await _abort(context, e)
+            raise
+        resp = rpc_pb2.MemberUpdateResponse(members=[_member_pb(m) for m in members])
+        self._header(resp)
+        return resp
+
+    async def MemberPromote(
+        self, request: rpc_pb2.MemberPromoteRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.MemberPromoteResponse:
+        """Promote a learner to voter."""
+        try:
+            members = await self._b.member_promote(request.ID)
+        except EtcdError as e:
+            await _abort(context, e)
+            raise
+        resp = rpc_pb2.MemberPromoteResponse(members=[_member_pb(m) for m in members])
+        self._header(resp)
+        return resp
+
+
+class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
+    """``etcdserverpb.Maintenance``: Status, Alarm, Snapshot, Defragment, Hash, HashKV, ..."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._b = backend
+
+    async def _simple(self, context: grpc.aio.ServicerContext, resp: object) -> None:
+        fill_header(resp.header, self._b, self._b.revision)  # type: ignore[attr-defined]
+
+    async def Status(
+        self, request: rpc_pb2.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.StatusResponse:
+        """This member's version, sizes, leader, Raft indexes and alarms."""
+        try:
+            st = await self._b.status()
+        except EtcdError as e:
+            await _abort(context, e)
+            raise
+        resp = rpc_pb2.StatusResponse(
+            version=st.version,
+            dbSize=st.db_size,
+            dbSizeInUse=st.db_size_in_use,
+            leader=st.leader,
+            raftIndex=st.raft_index,
+            raftTerm=st.raft_term,
+            raftAppliedIndex=st.raft_applied_index,
+            errors=list(st.errors),
+            isLearner=st.is_learner,
+        )
+        await self._simple(context, resp)
+        return resp
+
+    async def Alarm(
+        self, request: rpc_pb2.AlarmRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.AlarmResponse:
+        """GET, ACTIVATE or DEACTIVATE alarms."""
+        try:
+            alarms = await self._b.alarm(request)
+        except EtcdError as e:
+            await _abort(context, e)
+            raise
+        resp = rpc_pb2.AlarmResponse(
+            alarms=[rpc_pb2.AlarmMember(memberID=m, alarm=a) for m, a in alarms]  # type: ignore[arg-type]
+        )
+        await self._simple(context, resp)
+        return resp
+
+    async def Defragment(
+        self, request: rpc_pb2.DefragmentRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.DefragmentResponse:
+        """Reclaim space on this member."""
+        try:
+            await self._b.defragment()
+        except EtcdError as e:
+            await _abort(context, e)
+            raise
+        resp = rpc_pb2.DefragmentResponse()
+        await self._simple(context, resp)
+        return resp
+
+    async def Hash(
+        self, request: rpc_pb2.HashRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.HashResponse:
+        """Hash of this member's whole store."""
+        try:
+            h = await self._b.hash()
+        except EtcdError as e:
+            await _abort(context, e)
+            raise
+        resp = rpc_pb2.HashResponse(hash=h)
+        await self._simple(context, resp)
+        return resp
+
+    async def HashKV(
+        self, request: rpc_pb2.HashKVRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.HashKVResponse:
+        """Hash of the MVCC keys up to a revision (comparable across members)."""
+        try:
+            r = await self._b.hash_kv(request.revision)
+        except EtcdError as e:
+            await _abort(context, e)
+            raise
+        resp = rpc_pb2.HashKVResponse(hash=r.hash, compact_revision=r.compact_revision)
+        fill_header(resp.header, self._b, r.revision)
+        return resp
+
+    async def Snapshot(
+        self, request: rpc_pb2.SnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rpc_pb2.SnapshotResponse]:
+        """Stream an accord snapshot file (module docstring), 32 KiB per message."""
+        try:
+            revision, payload = await self._b.snapshot()
+        except EtcdError as e:
+            await _abort(context, e)
+            return
+        blob = encode_snapshot_file(revision, payload)
+        total = len(blob)
+        for start in range(0, total, SNAPSHOT_CHUNK):
+            chunk = blob[start : start + SNAPSHOT_CHUNK]
+            resp = rpc_pb2.SnapshotResponse(
+                remaining_bytes=total - start - len(chunk), blob=chunk
+            )
+            fill_header(resp.header, self._b, revision)
+            yield resp
+
+    async def MoveLeader(
+        self, request: rpc_pb2.MoveLeaderRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.MoveLeaderResponse:
+        """Transfer leadership."""
+        try:
+            await self._b.move_leader(request.targetID)
+        except EtcdError as e:
+            await _abort(context, e)
+            raise
+        resp = rpc_pb2.MoveLeaderResponse()
+        await self._simple(context, resp)
+        return resp
+
+    async def Downgrade(
+        self, request: rpc_pb2.DowngradeRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.DowngradeResponse:
+        """Refused: accord's on-disk formats are its own, there is no etcd version to go to."""
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "accord: cluster version downgrade is not supported (accord reports an etcd API "
+            "version for client compatibility only)",
+        )
+        raise AssertionError("unreachable")
+
+
+class AuthServicer(rpc_pb2_grpc.AuthServicer):
+    """``etcdserverpb.Auth`` for a cluster where auth is always disabled."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._b = backend
+
+    def _ok(self, resp: object) -> object:
+        fill_header(resp.header, self._b, self._b.revision)  # type: ignore[attr-defined]
+        return resp
+
+    async def AuthStatus(
+        self, request: rpc_pb2.AuthStatusRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.AuthStatusResponse:
+        """Auth is disabled."""
+        return self._ok(rpc_pb2.AuthStatusResponse(enabled=False))  # type: ignore[return-value]
+
+    async def AuthDisable(
+        self, request: rpc_pb2.AuthDisableRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.AuthDisableResponse:
+        """Disabling auth that is disabled succeeds, as in etcd."""
+        return self._ok(rpc_pb2.AuthDisableResponse())  # type: ignore[return-value]
+
+    async def Authenticate(
+        self, request: rpc_pb2.AuthenticateRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.AuthenticateResponse:
+        """etcd's answer when auth is off."""
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: authentication is not enabled"
+        )
+        raise AssertionError("unreachable")
+
+    async def UserList(
+        self, request: rpc_pb2.AuthUserListRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.AuthUserListResponse:
+        """No users exist."""
+        return self._ok(rpc_pb2.AuthUserListResponse())  # type: ignore[return-value]
+
+    async def RoleList(
+        self, request: rpc_pb2.AuthRoleListRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.AuthRoleListResponse:
+        """No roles exist."""
+        return self._ok(rpc_pb2.AuthRoleListResponse())  # type: ignore[return-value]
+
+    async def UserGet(
+        self, request: rpc_pb2.AuthUserGetRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.AuthUserGetResponse:
+        """No user exists."""
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: user name not found")
+        raise AssertionError("unreachable")
+
+    async def RoleGet(
+        self, request: rpc_pb2.AuthRoleGetRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.AuthRoleGetResponse:
+        """No role exists."""
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: role name not found")
+        raise AssertionError("unreachable")
+
+    async def _unsupported(self, request: object, context: grpc.aio.ServicerContext) -> object:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, MSG_AUTH_UNSUPPORTED)
+        raise AssertionError("unreachable")
+
+    async def AuthEnable(
+        self, request: rpc_pb2.AuthEnableRequest, context: grpc.aio.ServicerContext
+    ) -> rpc_pb2.AuthEnableResponse:
+        """etcd refuses to enable auth without a root user, and no user can exist here."""
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: root user does not exist"
+        )
+        raise AssertionError("unreachable")
+
+    UserAdd = _unsupported
+    UserDelete = _unsupported
+    UserChangePassword = _unsupported
+    UserGrantRole = _unsupported
+    UserRevokeRole = _unsupported
+    RoleAdd = _unsupported
+    RoleDelete = _unsupported
+    RoleGrantPermission = _unsupported
+    RoleRevokePermission = _unsupported

@@ -1,0 +1,396 @@
+"""The backend protocol: what the etcd-compatible servicers need from whatever holds the data.
+
+The servicers (``accord/services/kv/servicer.py`` and ``accord/services/cluster/servicer.py``)
+only translate gRPC to calls on a :class:`Backend` and back; everything that decides
+*where* a request runs lives behind this protocol. Two implementations are meant to
+exist:
+
+* :class:`accord.services.kv.local.LocalBackend` applies commands directly to one
+  in-process :class:`~accord.services.kv.statemachine.KVStateMachine` (tests, embedding,
+  ``python -m accord.grpc_server``);
+* a Raft-replicated backend (the lead's) proposes the same command bytes to a Raft group
+  and answers with the result of their apply.
+
+:class:`StateMachineBackend` holds the part both share: validating a request against the
+state machine, encoding it as a command, and reading. A subclass supplies only
+:meth:`StateMachineBackend.commit` (propose command bytes, await the apply result),
+:meth:`StateMachineBackend.read_barrier` (what makes a read linearizable) and the
+cluster-level facts (identity, members, status).
+
+Errors: every method raises :class:`~accord.services.kv.errors.EtcdError` for anything
+the client should see (the servicers turn it into ``context.abort(code, message)``).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from accord.proto import rpc_pb2
+from accord.services.kv import errors
+
+if TYPE_CHECKING:
+    from accord.services.kv.statemachine import KVStateMachine
+    from accord.services.kv.watchhub import WatchHub
+
+ETCD_COMPAT_VERSION = "3.5.13"
+"""The etcd version accord reports in ``Status``: >= 3.5.13 so that Kubernetes enables
+watch progress requests (its feature check refuses 3.5.0 to 3.5.12)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderInfo:
+    """Identity and Raft facts that go into every response header."""
+
+    cluster_id: int
+    member_id: int
+    raft_term: int
+    leader: int
+    """Member id of the leader this member knows of; 0 when it knows none."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberInfo:
+    """One member of the cluster as etcd's ``Member`` message describes it."""
+
+    id: int
+    name: str
+    peer_urls: tuple[str, ...] = ()
+    client_urls: tuple[str, ...] = ()
+    is_learner: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StatusInfo:
+    """What ``Maintenance.Status`` reports about the answering member."""
+
+    version: str
+    db_size: int
+    db_size_in_use: int
+    leader: int
+    raft_index: int
+    raft_term: int
+    raft_applied_index: int
+    errors: tuple[str, ...] = ()
+    is_learner: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HashKVResult:
+    """``Maintenance.HashKV``: the hash, the compaction revision, the revision hashed."""
+
+    hash: int
+    compact_revision: int
+    revision: int
+
+
+@dataclass(slots=True)
+class AlarmTable:
+    """Raised alarms, as ``(member_id, AlarmType)`` pairs, in raise order."""
+
+    raised: list[tuple[int, int]] = field(default_factory=list)
+
+    def apply(self, req: rpc_pb2.AlarmRequest, member_id: int) -> list[tuple[int, int]]:
+        """Apply an ``AlarmRequest``; returns the alarms the response lists (etcd's rules)."""
+        target = req.memberID or member_id
+        if req.action == rpc_pb2.AlarmRequest.GET:
+            return [a for a in self.raised if req.alarm in (rpc_pb2.NONE, a[1])]
+        if req.action == rpc_pb2.AlarmRequest.ACTIVATE:
+            if req.alarm == rpc_pb2.NONE:
+                return []
+            entry = (target, int(req.alarm))
+            if entry not in self.raised:
+                self.raised.append(entry)
+            return [entry]
+        # DEACTIVATE
+        entry = (target, int(req.alarm))
+        if entry in self.raised:
+            self.raised.remove(entry)
+            return [entry]
+        return []
+
+    def has(self, alarm: int) -> bool:
+        """Whether any member raised ``alarm``."""
+        return any(a[1] == alarm for a in self.raised)
+
+    def names(self) -> tuple[str, ...]:
+        """Alarm strings for ``StatusResponse.errors`` (etcd's "memberID:… alarm:…" form)."""
+        return tuple(
+            f"memberID:{mid} alarm:{rpc_pb2.AlarmType.Name(a)} " for mid, a in self.raised
+        )
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Everything the etcd-compatible servicers call. All I/O methods are coroutines."""
+
+    # --- identity -------------------------------------------------------------------------
+    def header_info(self) -> HeaderInfo:
+        """Cluster id, member id, Raft term and known leader, for response headers."""
+        ...
+
+    @property
+    def revision(self) -> int:
+        """The latest revision applied on this member (for headers of non-KV responses)."""
+        ...
+
+    @property
+    def watch_hub(self) -> WatchHub:
+        """The hub that serves watchers on this member."""
+        ...
+
+    # --- KV -------------------------------------------------------------------------------
+    async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
+        """Read; linearizable unless ``req.serializable``."""
+        ...
+
+    async def put(self, req: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
+        """Write one key through consensus."""
+        ...
+
+    async def delete_range(self, req: rpc_pb2.DeleteRangeRequest) -> rpc_pb2.DeleteRangeResponse:
+        """Delete a range through consensus."""
+        ...
+
+    async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
+        """Apply a transaction through consensus (a read-only one may be served as a read)."""
+        ...
+
+    async def compact(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
+        """Compact history up to ``req.revision``."""
+        ...
+
+    # --- leases ---------------------------------------------------------------------------
+    async def lease_grant(self, req: rpc_pb2.LeaseGrantRequest) -> rpc_pb2.LeaseGrantResponse:
+        """Create a lease."""
+        ...
+
+    async def lease_revoke(self, req: rpc_pb2.LeaseRevokeRequest) -> rpc_pb2.LeaseRevokeResponse:
+        """Revoke a lease and delete its keys."""
+        ...
+
+    async def lease_keepalive(self, lease_id: int) -> int:
+        """Renew a lease; returns its TTL in seconds, 0 when the lease is unknown/expired."""
+        ...
+
+    async def lease_time_to_live(
+        self, req: rpc_pb2.LeaseTimeToLiveRequest
+    ) -> rpc_pb2.LeaseTimeToLiveResponse:
+        """Remaining and granted TTL (``TTL=-1`` for an unknown lease), optionally the keys."""
+        ...
+
+    async def lease_leases(self) -> rpc_pb2.LeaseLeasesResponse:
+        """Every live lease."""
+        ...
+
+    # --- cluster --------------------------------------------------------------------------
+    async def members(self, linearizable: bool = False) -> list[MemberInfo]:
+        """The cluster's members."""
+        ...
+
+    async def member_add(
+        self, peer_urls: Sequence[str], is_learner: bool
+    ) -> tuple[MemberInfo, list[MemberInfo]]:
+        """Add a member (accord: a node joining); returns it and the new member list."""
+        ...
+
+    async def member_remove(self, member_id: int) -> list[MemberInfo]:
+        """Remove a member (accord: a node leaving); returns the new member list."""
+        ...
+
+    async def member_update(self, member_id: int, peer_urls: Sequence[str]) -> list[MemberInfo]:
+        """Change a member's peer URLs; returns the new member list."""
+        ...
+
+    async def member_promote(self, member_id: int) -> list[MemberInfo]:
+        """Promote a learner to voter; returns the new member list."""
+        ...
+
+    # --- maintenance ----------------------------------------------------------------------
+    async def status(self) -> StatusInfo:
+        """This member's status."""
+        ...
+
+    async def alarm(self, req: rpc_pb2.AlarmRequest) -> list[tuple[int, int]]:
+        """Get, raise or clear alarms; returns ``(member_id, AlarmType)`` pairs."""
+        ...
+
+    async def snapshot(self) -> tuple[int, bytes]:
+        """A consistent image of the store: ``(revision, bytes)``."""
+        ...
+
+    async def defragment(self) -> None:
+        """Reclaim storage space on this member."""
+        ...
+
+    async def hash(self) -> int:
+        """A 32-bit hash of this member's whole store."""
+        ...
+
+    async def hash_kv(self, revision: int) -> HashKVResult:
+        """A 32-bit hash of the MVCC keys up to ``revision`` (0 = current)."""
+        ...
+
+    async def move_leader(self, target_id: int) -> None:
+        """Transfer leadership to ``target_id``."""
+        ...
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds, the leader clock that lease commands carry."""
+    return time.time_ns() // 1_000_000
+
+
+class StateMachineBackend(ABC):
+    """The KV and lease half of :class:`Backend`, on top of one ``KVStateMachine``.
+
+    Writes are validated first (so bad input, including a request over the size limit, is
+    refused before it is proposed and changes nothing), encoded with the state machine's
+    static encoders and handed to :meth:`commit`. Reads call :meth:`read_barrier` first
+    unless they are serializable. While a NOSPACE alarm is raised, requests that would add
+    data (Put, a Txn with a Put, LeaseGrant) fail with etcd's "database space exceeded";
+    reads and deletions still work, as in etcd, so space can be freed.
+    """
+
+    def __init__(self, sm: KVStateMachine) -> None:
+        self.sm = sm
+        self.alarms = AlarmTable()
+
+    # --- what a subclass supplies ---------------------------------------------------------
+    @abstractmethod
+    async def commit(self, command: bytes) -> Any:
+        """Replicate ``command`` and return what applying it returned (or raise its error)."""
+
+    @abstractmethod
+    async def read_barrier(self) -> None:
+        """Return once this member has applied everything committed before the call."""
+
+    def lease_clock(self) -> tuple[int, int]:
+        """``(now_ms, term)`` stamped on lease commands.
+
+        The default is wall-clock milliseconds with term 0 (what a single process needs);
+        a replicated backend returns its own clock and its Raft term (see STORE_API.md).
+        """
+        return now_ms(), 0
+
+    # --- shared ---------------------------------------------------------------------------
+    @property
+    def revision(self) -> int:
+        """The state machine's current revision."""
+        return int(self.sm.revision)
+
+    @property
+    def watch_hub(self) -> WatchHub:
+        """The state machine's watch hub."""
+        return self.sm.watch_hub
+
+    def _check_space(self) -> None:
+        if self.alarms.has(rpc_pb2.NOSPACE):
+            raise errors.NO_SPACE
+
+    async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
+        """Linearizable (or, with ``serializable``, local) range read."""
+        self.sm.validate_range(req)
+        if not req.serializable:
+            await self.read_barrier()
+        return self.sm.range(req)
+
+    async def put(self, req: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
+        """Validate, encode and commit a Put."""
+        self._check_space()
+        self.sm.validate_put(req)
+        result: rpc_pb2.PutResponse = await self.commit(self.sm.encode_put(req))
+        return result
+
+    async def delete_range(self, req: rpc_pb2.DeleteRangeRequest) -> rpc_pb2.DeleteRangeResponse:
+        """Validate, encode and commit a DeleteRange."""
+        self.sm.validate_delete_range(req)
+        result: rpc_pb2.DeleteRangeResponse = await self.commit(self.sm.encode_delete_range(req))
+        return result
+
+    async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
+        """Validate, encode and commit a Txn."""
+        self.sm.validate_txn(req)
+        if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
+            self._check_space()
+        result: rpc_pb2.TxnResponse = await self.commit(self.sm.encode_txn(req))
+        return result
+
+    async def compact(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
+        """Validate, encode and commit a compaction."""
+        self.sm.validate_compact(req)
+        result: rpc_pb2.CompactionResponse = await self.commit(self.sm.encode_compact(req))
+        return result
+
+    async def lease_grant(self, req: rpc_pb2.LeaseGrantRequest) -> rpc_pb2.LeaseGrantResponse:
+        """Validate, encode and commit a lease grant stamped with this leader's clock."""
+        self._check_space()
+        self.sm.validate_lease_grant(req)
+        result: rpc_pb2.LeaseGrantResponse = await self.commit(
+            self.sm.encode_lease_grant(req, *self.lease_clock())
+        )
+        return result
+
+    async def lease_revoke(self, req: rpc_pb2.LeaseRevokeRequest) -> rpc_pb2.LeaseRevokeResponse:
+        """Encode and commit a lease revocation."""
+        result: rpc_pb2.LeaseRevokeResponse = await self.commit(self.sm.encode_lease_revoke(req))
+        return result
+
+    async def lease_keepalive(self, lease_id: int) -> int:
+        """Commit a renewal; the TTL granted, 0 for an unknown or expired lease."""
+        result = await self.commit(self.sm.encode_lease_keepalive(lease_id, *self.lease_clock()))
+        if isinstance(result, rpc_pb2.LeaseKeepAliveResponse):
+            return int(result.TTL)
+        return int(result)
+
+    async def lease_time_to_live(
+        self, req: rpc_pb2.LeaseTimeToLiveRequest
+    ) -> rpc_pb2.LeaseTimeToLiveResponse:
+        """Linearizable lease read."""
+        await self.read_barrier()
+        return self.sm.lease_time_to_live(req, self.lease_clock()[0])
+
+    async def lease_leases(self) -> rpc_pb2.LeaseLeasesResponse:
+        """Linearizable list of leases."""
+        await self.read_barrier()
+        return self.sm.lease_leases()
+
+    async def expire_leases(self, limit: int = 1000) -> list[int]:
+        """Leader duty: propose the expiry of every overdue lease; returns the ids revoked.
+
+        Call it periodically on the leader (a replicated backend passes its term through
+        :meth:`lease_clock`, so a new leader expires nothing before its first lease
+        command rebased the deadlines)."""
+        now, term = self.lease_clock()
+        ids = self.sm.expired_leases(now, term if term else None, limit)
+        if not ids:
+            return []
+        result = await self.commit(self.sm.encode_lease_expire(ids, now, term))
+        return [int(i) for i in getattr(result, "revoked", ids)]
+
+    async def alarm(self, req: rpc_pb2.AlarmRequest) -> list[tuple[int, int]]:
+        """Alarms on this member's table."""
+        return self.alarms.apply(req, self.header_info().member_id)
+
+    async def hash_kv(self, revision: int) -> HashKVResult:
+        """Hash of the MVCC keys up to ``revision``."""
+        h, compact_rev = self.sm.hash_kv(revision)
+        return HashKVResult(int(h), int(compact_rev), self.revision)
+
+    @abstractmethod
+    def header_info(self) -> HeaderInfo:
+        """Identity and Raft facts for headers."""
+
+
+def _txn_puts(req: rpc_pb2.TxnRequest) -> bool:
+    """Whether any branch of the txn (nested included) holds a Put (etcd's quota cost)."""
+    for op in list(req.success) + list(req.failure):
+        kind = op.WhichOneof("request")
+        if kind == "request_put":
+            return True
+        if kind == "request_txn" and _txn_puts(op.request_txn):
+            return True
+    return False

@@ -1,0 +1,177 @@
+"""The assembled gRPC server: health, reflection, metadata, transport limits and keepalive."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from accord.grpc_server import ServerOptions
+from accord.proto import rpc_pb2, rpc_pb2_grpc
+from accord.services.kv.backend import HeaderInfo
+from accord.services.kv.local import LocalBackend
+from tests.api.conftest import Running, start, stop
+
+
+async def test_health_serving_for_every_service(running: Running) -> None:
+    stub = health_pb2_grpc.HealthStub(running.channel)
+    for name in ("", "etcdserverpb.KV", "etcdserverpb.Watch", "etcdserverpb.Maintenance"):
+        resp = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING, name
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_reflection_lists_etcd_services(running: Running) -> None:
+    stub = reflection_pb2_grpc.ServerReflectionStub(running.channel)
+
+    async def one() -> AsyncIterator[reflection_pb2.ServerReflectionRequest]:
+        yield reflection_pb2.ServerReflectionRequest(list_services="")
+
+    names: set[str] = set()
+    async for resp in stub.ServerReflectionInfo(one(), timeout=5):
+        names |= {s.name for s in resp.list_services_response.service}
+    assert {
+        "etcdserverpb.KV",
+        "etcdserverpb.Watch",
+        "etcdserverpb.Lease",
+        "etcdserverpb.Cluster",
+        "etcdserverpb.Maintenance",
+        "etcdserverpb.Auth",
+        "grpc.health.v1.Health",
+    } <= names
+
+
+async def test_hasleader_refused_without_leader_and_versions_counted(running: Running) -> None:
+    kv = rpc_pb2_grpc.KVStub(running.channel)
+    md = (("client-api-version", "3.4"), ("hasleader", "true"))
+    await kv.Range(rpc_pb2.RangeRequest(key=b"k"), metadata=md, timeout=5)
+    assert running.server.client_api_versions["3.4"] == 1
+    backend = running.backend
+    real = backend.header_info
+    backend.header_info = lambda: HeaderInfo(real().cluster_id, real().member_id, 1, 0)  # type: ignore[method-assign]
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await kv.Range(rpc_pb2.RangeRequest(key=b"k"), metadata=md, timeout=5)
+        assert (info.value.code(), info.value.details()) == (
+            grpc.StatusCode.UNAVAILABLE,
+            "etcdserver: no leader",
+        )
+        call = rpc_pb2_grpc.WatchStub(running.channel).Watch(metadata=md, timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as winfo:
+            await call.read()
+        assert winfo.value.details() == "etcdserver: no leader"
+        # Without the metadata the member still answers (serializable-style callers).
+        await kv.Range(rpc_pb2.RangeRequest(key=b"k"), timeout=5)
+    finally:
+        backend.header_info = real  # type: ignore[method-assign]
+    assert running.server.client_api_versions["3.4"] == 3
+
+
+async def test_request_size_limits() -> None:
+    backend = await LocalBackend.open(max_request_bytes=64 * 1024)
+    r = await start(backend, ServerOptions(max_request_bytes=64 * 1024))
+    try:
+        kv = rpc_pb2_grpc.KVStub(r.channel)
+        await kv.Put(rpc_pb2.PutRequest(key=b"k", value=b"x" * 60_000), timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await kv.Put(rpc_pb2.PutRequest(key=b"k", value=b"x" * 100_000), timeout=5)
+        assert (info.value.code(), info.value.details()) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "etcdserver: request is too large",
+        )
+        # Past max_request_bytes + 512 KiB gRPC itself refuses the message.
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await kv.Put(rpc_pb2.PutRequest(key=b"k", value=b"x" * 700_000), timeout=5)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        got = await kv.Range(rpc_pb2.RangeRequest(key=b"k"), timeout=5)
+        assert len(got.kvs[0].value) == 60_000  # the refused requests changed nothing
+    finally:
+        await stop(r)
+
+
+async def test_large_responses_are_not_limited() -> None:
+    backend = await LocalBackend.open()
+    r = await start(backend, channel_options=[("grpc.max_receive_message_length", -1)])
+    try:
+        kv = rpc_pb2_grpc.KVStub(r.channel)
+        for i in range(4):  # 4 x 1.2 MiB: a 4.8 MiB Range response, over gRPC's 4 MiB default
+            await kv.Put(rpc_pb2.PutRequest(key=b"big%d" % i, value=b"x" * 1_250_000), timeout=5)
+        got = await kv.Range(rpc_pb2.RangeRequest(key=b"big", range_end=b"bih"), timeout=10)
+        assert got.count == 4 and sum(len(kv.value) for kv in got.kvs) == 5_000_000
+    finally:
+        await stop(r)
+
+
+def test_server_options_are_etcds_and_validated() -> None:
+    args = dict(ServerOptions().channel_args())
+    assert args["grpc.http2.min_ping_interval_without_data_ms"] == 5000
+    assert args["grpc.keepalive_permit_without_calls"] == 1
+    assert args["grpc.http2.max_ping_strikes"] == 0
+    assert args["grpc.max_send_message_length"] == -1
+    assert args["grpc.max_receive_message_length"] == 3 * 1024 * 1024 // 2 + 512 * 1024
+    with pytest.raises(ValueError, match="max_request_bytes"):
+        ServerOptions(max_request_bytes=0)
+
+
+async def test_frequent_client_pings_do_not_drop_idle_watch(running: Running) -> None:
+    """A client pinging every second (more often than gRPC's default server allows: it
+    answers GOAWAY "too many pings" within ~3 s) keeps its idle watch stream."""
+    channel = grpc.aio.insecure_channel(
+        running.endpoint,
+        options=[
+            ("grpc.keepalive_time_ms", 1000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
+        ],
+    )
+    try:
+        stop_requests = asyncio.Event()
+
+        async def requests() -> AsyncIterator[rpc_pb2.WatchRequest]:
+            yield rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"idle"))
+            await stop_requests.wait()
+
+        call = rpc_pb2_grpc.WatchStub(channel).Watch(requests())
+        created = await asyncio.wait_for(call.read(), 5)
+        assert created.created
+        await asyncio.sleep(4)
+        await rpc_pb2_grpc.KVStub(channel).Put(rpc_pb2.PutRequest(key=b"idle", value=b"v"), timeout=5)
+        event = await asyncio.wait_for(call.read(), 5)
+        assert event.events[0].kv.key == b"idle"
+        assert running.server.watch.open_streams == 1
+        stop_requests.set()
+        call.cancel()
+    finally:
+        await channel.close()
+
+
+async def test_hasleader_watch_ends_when_leader_is_lost(running: Running) -> None:
+    never = asyncio.Event()
+
+    async def requests() -> AsyncIterator[rpc_pb2.WatchRequest]:
+        yield rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"l"))
+        await never.wait()
+
+    call = rpc_pb2_grpc.WatchStub(running.channel).Watch(
+        requests(), metadata=(("hasleader", "true"),), timeout=10
+    )
+    assert (await call.read()).created
+    backend = running.backend
+    real = backend.header_info
+    backend.header_info = lambda: HeaderInfo(real().cluster_id, real().member_id, 1, 0)  # type: ignore[method-assign]
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await asyncio.wait_for(call.read(), 5)
+        assert (info.value.code(), info.value.details()) == (
+            grpc.StatusCode.UNAVAILABLE,
+            "etcdserver: no leader",
+        )
+    finally:
+        backend.header_info = real  # type: ignore[method-assign]
+        never.set()
