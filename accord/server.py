@@ -34,6 +34,7 @@ import crc32c
 
 from accord.config import Config, ConfigError, load_config
 from accord.grpc_server import AccordGrpcServer, ServerOptions, build_server
+from accord.raft.balance import plan_transfer
 from accord.raft.host import GroupUnavailable, HostConfig, MultiRaftHost
 from accord.raft.snapshot import SnapshotStore
 from accord.raft.transport import PeerTransport
@@ -62,6 +63,8 @@ LEASE_CHECK_INTERVAL = 0.5
 """Seconds between the leader's scans for expired leases."""
 LEASE_CHECKPOINT_INTERVAL = 5.0
 """Seconds between lease TTL checkpoints: bounds what a leader change can add to a lease."""
+BALANCE_INTERVAL = 2.0
+"""Seconds between two looks at how leaderships are spread over the nodes."""
 PROGRESS_NOTIFY_INTERVAL = 600.0
 """etcd's default watch progress-notify interval."""
 
@@ -281,6 +284,7 @@ class Node:
             asyncio.create_task(self._publish(), name="publish-member"),
             asyncio.create_task(self._lease_loop(), name="lease-expiry"),
             asyncio.create_task(self._progress_loop(), name="watch-progress"),
+            asyncio.create_task(self._balance_loop(), name="leader-balance"),
         ]
 
     # transport callbacks go through the node so they can be bound before the host exists
@@ -324,6 +328,20 @@ class Node:
                     await self.backend.commit(self.kv.encode_lease_expire(ids, now, term))
             except EtcdError as e:
                 log.info("lease maintenance deferred: %s", e.message)
+
+    async def _balance_loop(self) -> None:
+        """Hand one leadership at a time to a less loaded voter (see ``balance.py``)."""
+        while True:
+            await asyncio.sleep(BALANCE_INTERVAL)
+            groups = self.host.groups
+            plan = plan_transfer(
+                self.member_id,
+                {gid: g.core.leader_id for gid, g in groups.items()},
+                {gid: g.core.conf_state.voters for gid, g in groups.items()},
+            )
+            if plan is not None and self.transport.connected(plan[1]):
+                log.info("moving leadership of group %d to node %x", plan[0], plan[1])
+                self.host.transfer_leader(*plan)
 
     async def _progress_loop(self) -> None:
         while True:
