@@ -240,7 +240,8 @@ class MultiRaftHost:
         self._active: set[Group] = set()
         """Groups that tick (not quiesced)."""
         self._peer_nodes: set[int] = set()
-        self._liveness = PeerLiveness(self.config.tick_interval * self.config.election_ticks)
+        self._liveness = PeerLiveness(
+            self.config.tick_interval, self.config.tick_interval * self.config.election_ticks)
         self._quiesce = self.config.quiesce and not self.config.lease_read
         self.turns = 0
         """Poll-loop rounds that wrote to the log (for metrics and tests)."""

@@ -10,8 +10,8 @@ up with that leader stops ticking it too. Any message, proposal or read for the
 group wakes it.
 
 What replaces the per-group heartbeats while quiet is one node-level ping per
-pair of nodes per tick (``PeerLiveness``): when a peer goes quiet for longer than
-the election timeout, every quiesced group whose leader lives there wakes up,
+pair of nodes per tick (``PeerLiveness``, a Phi accrual detector per peer): when a
+peer's silence becomes suspicious, every quiesced group whose leader lives there wakes up,
 its election timer runs again, and a new leader is elected as usual.
 
 The rules here are pure functions of a core's state; the host applies them.
@@ -19,8 +19,7 @@ The rules here are pure functions of a core's state; the host applies them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from accord.membership.phi import HeartbeatMonitor
 from accord.raft.core import RaftCore
 from accord.raft.types import Role
 
@@ -48,28 +47,42 @@ def follower_can_quiesce(core: RaftCore, leader: int) -> bool:
     )
 
 
-@dataclass(slots=True)
 class PeerLiveness:
-    """Which peer nodes have gone quiet, from node-level pings (time is passed in)."""
+    """Which peer nodes have gone quiet, from node-level pings (time is passed in).
 
-    timeout: float
-    """Seconds of silence after which a peer counts as down."""
-    last_heard: dict[int, float] = field(default_factory=dict)
-    down: set[int] = field(default_factory=set)
+    Each peer has a Phi accrual detector (``accord.membership.phi``) fed by its pings,
+    so detection adapts to each link's rhythm; ``acceptable_pause`` (half an election
+    timeout by default) absorbs a busy event loop on either side.
+    """
+
+    def __init__(self, ping_interval: float, election_timeout: float,
+                 threshold: float = 8.0) -> None:
+        self._monitor = HeartbeatMonitor(
+            threshold=threshold,
+            min_std_deviation=ping_interval,
+            acceptable_pause=election_timeout / 2,
+            first_heartbeat_estimate=ping_interval,
+        )
+        self.down: set[int] = set()
 
     def heard(self, node: int, now: float) -> bool:
         """Record traffic from ``node``; True if it was down until now."""
-        self.last_heard[node] = now
+        self._monitor.heartbeat(node, now)
         if node in self.down:
             self.down.discard(node)
             return True
         return False
 
+    def phi(self, node: int, now: float) -> float:
+        """How suspicious ``node``'s silence is (0 if never heard from)."""
+        return self._monitor.phi(node, now)
+
     def newly_down(self, now: float) -> list[int]:
-        """Peers whose silence passed the timeout since the last call."""
+        """Peers whose suspicion crossed the threshold since the last call."""
         out = []
-        for node, t in self.last_heard.items():
-            if node not in self.down and now - t > self.timeout:
+        for node in self._monitor.suspects(now):
+            assert isinstance(node, int)
+            if node not in self.down:
                 self.down.add(node)
                 out.append(node)
         return out

@@ -1,0 +1,361 @@
+"""The KV state machine each shard applies: commands in, etcd responses out.
+
+``apply`` is deterministic: it depends only on the state and the command bytes (lease
+commands carry the leader's clock and term; nothing here reads a clock). Reads run
+without a Raft entry. See ``STORE_API.md`` for the contract with the servicers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from accord.proto import rpc_pb2
+from accord.services.kv import errors, txn, validate
+from accord.services.kv.codec import Kind, decode, encode
+from accord.services.kv.leases import LeaseTable
+from accord.services.kv.limits import Limits
+from accord.services.kv.mvcc import LEASE, VALUE, MVCCStore, WriteTxn
+from accord.services.kv.ops import Executor
+from accord.services.kv.ranges import KeyRange
+from accord.services.kv.watchhub import WatchHub
+
+SNAPSHOT_FORMAT = 1
+
+
+@dataclass(slots=True)
+class ExpireResult:
+    """What an expire command did: the leases revoked and the revision afterwards."""
+
+    revoked: list[int] = field(default_factory=list)
+    revision: int = 0
+
+
+class KVStateMachine:
+    """MVCC store + leases + watch hub of one shard."""
+
+    def __init__(self, *, limits: Limits | None = None, lease_id_seed: int = 0) -> None:
+        self.limits = limits or Limits()
+        self._store = MVCCStore()
+        self._leases = LeaseTable(lease_id_seed)
+        self._exec = Executor(self._store, self._leases, self.limits)
+        self.watch_hub = WatchHub(self._store, self.limits)
+
+    # --- state -----------------------------------------------------------------------------
+    @property
+    def revision(self) -> int:
+        """Current revision (1 for an empty store, as etcd)."""
+        return self._store.rev
+
+    @property
+    def compact_revision(self) -> int:
+        """Revision of the last compaction (0 if never compacted)."""
+        return max(0, self._store.compact_rev)
+
+    @property
+    def store(self) -> MVCCStore:
+        """The underlying MVCC store (read-only use)."""
+        return self._store
+
+    @property
+    def leases(self) -> LeaseTable:
+        """The underlying lease table (read-only use)."""
+        return self._leases
+
+    # --- command encoders ------------------------------------------------------------------
+    @staticmethod
+    def encode_put(req: rpc_pb2.PutRequest, *, min_revision: int = 0) -> bytes:
+        """A Put command."""
+        return encode(Kind.PUT, req.SerializeToString(), min_revision=min_revision)
+
+    @staticmethod
+    def encode_delete_range(req: rpc_pb2.DeleteRangeRequest, *, min_revision: int = 0) -> bytes:
+        """A DeleteRange command."""
+        return encode(Kind.DELETE_RANGE, req.SerializeToString(), min_revision=min_revision)
+
+    @staticmethod
+    def encode_txn(req: rpc_pb2.TxnRequest, *, min_revision: int = 0) -> bytes:
+        """A Txn command."""
+        return encode(Kind.TXN, req.SerializeToString(), min_revision=min_revision)
+
+    @staticmethod
+    def encode_compact(req: rpc_pb2.CompactionRequest) -> bytes:
+        """A Compact command."""
+        return encode(Kind.COMPACT, req.SerializeToString())
+
+    @staticmethod
+    def encode_lease_grant(req: rpc_pb2.LeaseGrantRequest, now_ms: int, term: int = 0) -> bytes:
+        """A LeaseGrant command stamped with the leader's clock and term."""
+        return encode(Kind.LEASE_GRANT, req.SerializeToString(), now_ms=now_ms, term=term)
+
+    @staticmethod
+    def encode_lease_revoke(
+        req: rpc_pb2.LeaseRevokeRequest, *, min_revision: int = 0
+    ) -> bytes:
+        """A LeaseRevoke command (deletes the lease's keys in one revision)."""
+        return encode(Kind.LEASE_REVOKE, req.SerializeToString(), min_revision=min_revision)
+
+    @staticmethod
+    def encode_lease_checkpoint(
+        now_ms: int,
+        term: int = 0,
+        req: rpc_pb2.LeaseCheckpointRequest | None = None,
+    ) -> bytes:
+        """A checkpoint: advances the replicated lease clock (which checkpoints every
+        lease's remaining TTL) and, with ``req``, sets given leases' remaining TTLs."""
+        payload = req.SerializeToString() if req is not None else b""
+        return encode(Kind.LEASE_CHECKPOINT, payload, now_ms=now_ms, term=term)
+
+    @staticmethod
+    def encode_lease_expire(
+        ids: list[int], now_ms: int, term: int = 0, *, min_revision: int = 0
+    ) -> bytes:
+        """Expire leases the leader found overdue (re-checked when applied)."""
+        return encode(
+            Kind.LEASE_EXPIRE, b"", now_ms=now_ms, term=term, ids=list(ids),
+            min_revision=min_revision,
+        )
+
+    @staticmethod
+    def encode_lease_keepalive(lease_id: int, now_ms: int, term: int = 0) -> bytes:
+        """A KeepAlive command."""
+        return encode(
+            Kind.LEASE_KEEPALIVE,
+            rpc_pb2.LeaseKeepAliveRequest(ID=lease_id).SerializeToString(),
+            now_ms=now_ms,
+            term=term,
+        )
+
+    # --- validation the servicer can run before proposing ----------------------------------
+    def validate_range(self, req: rpc_pb2.RangeRequest) -> None:
+        """Store-independent checks of a Range."""
+        validate.validate_range(req, self.limits)
+
+    def validate_put(self, req: rpc_pb2.PutRequest) -> None:
+        """Store-independent checks of a Put."""
+        validate.validate_put(req, self.limits)
+
+    def validate_delete_range(self, req: rpc_pb2.DeleteRangeRequest) -> None:
+        """Store-independent checks of a DeleteRange."""
+        validate.validate_delete_range(req, self.limits)
+
+    def validate_txn(self, req: rpc_pb2.TxnRequest) -> None:
+        """Store-independent checks of a Txn."""
+        validate.validate_txn(req, self.limits)
+
+    def validate_compact(self, req: rpc_pb2.CompactionRequest) -> None:
+        """Pre-check a Compact against the current revisions (apply re-checks)."""
+        if req.revision <= self._store.compact_rev:
+            raise errors.COMPACTED
+        if req.revision > self._store.rev:
+            raise errors.FUTURE_REV
+
+    def validate_lease_grant(self, req: rpc_pb2.LeaseGrantRequest) -> None:
+        """Pre-check a LeaseGrant (TTL, explicit id collision, lease count)."""
+        if req.TTL > self.limits.max_lease_ttl_s:
+            raise errors.LEASE_TTL_TOO_LARGE
+        if req.ID != 0 and req.ID in self._leases.leases:
+            raise errors.LEASE_EXISTS
+        if len(self._leases.leases) >= self.limits.max_leases:
+            raise errors.too_many_leases(self.limits.max_leases)
+
+    # --- apply -----------------------------------------------------------------------------
+    def apply(self, command: bytes) -> object:
+        """Apply one committed command; returns its response or raises ``EtcdError``."""
+        cmd = decode(command)
+        kind = cmd.kind
+        if kind == Kind.PUT:
+            put = _parse(rpc_pb2.PutRequest, cmd.payload)
+            validate.validate_put(put, self.limits)
+            self._exec.check_put_state(put, in_txn=False)
+            return self._write(cmd.min_revision, lambda wt: self._exec.put(wt, put))
+        if kind == Kind.DELETE_RANGE:
+            dr = _parse(rpc_pb2.DeleteRangeRequest, cmd.payload)
+            validate.validate_delete_range(dr, self.limits)
+            return self._write(cmd.min_revision, lambda wt: self._exec.delete_range(wt, dr))
+        if kind == Kind.TXN:
+            tr = _parse(rpc_pb2.TxnRequest, cmd.payload)
+            validate.validate_txn(tr, self.limits)
+            if txn.is_read_only(tr):
+                return self._exec.txn(None, tr)
+            return self._write(cmd.min_revision, lambda wt: self._exec.txn(wt, tr))
+        if kind == Kind.COMPACT:
+            cr = _parse(rpc_pb2.CompactionRequest, cmd.payload)
+            self._store.compact(cr.revision)
+            resp = rpc_pb2.CompactionResponse()
+            resp.header.revision = self._store.rev
+            return resp
+        if kind in (Kind.LEASE_GRANT, Kind.LEASE_CHECKPOINT, Kind.LEASE_EXPIRE,
+                    Kind.LEASE_KEEPALIVE):
+            self._leases.observe(cmd.now_ms, cmd.term)
+        if kind == Kind.LEASE_GRANT:
+            return self._lease_grant(_parse(rpc_pb2.LeaseGrantRequest, cmd.payload))
+        if kind == Kind.LEASE_REVOKE:
+            rv = _parse(rpc_pb2.LeaseRevokeRequest, cmd.payload)
+            if rv.ID not in self._leases.leases:
+                raise errors.LEASE_NOT_FOUND
+            self._revoke([rv.ID], cmd.min_revision)
+            rresp = rpc_pb2.LeaseRevokeResponse()
+            rresp.header.revision = self._store.rev
+            return rresp
+        if kind == Kind.LEASE_CHECKPOINT:
+            return self._lease_checkpoint(cmd.payload)
+        if kind == Kind.LEASE_EXPIRE:
+            due = [i for i in dict.fromkeys(cmd.ids) if self._leases.is_expired(i)]
+            self._revoke(due, cmd.min_revision)
+            return ExpireResult(due, self._store.rev)
+        # Kind.LEASE_KEEPALIVE
+        ka = _parse(rpc_pb2.LeaseKeepAliveRequest, cmd.payload)
+        kresp = rpc_pb2.LeaseKeepAliveResponse(ID=ka.ID, TTL=self._leases.renew(ka.ID))
+        kresp.header.revision = self._store.rev
+        return kresp
+
+    def _write(self, min_revision: int, body: Any) -> Any:
+        """Run ``body(wt)`` in one write transaction: commit, or roll back on error."""
+        wt = self._store.begin(min_revision)
+        try:
+            resp = body(wt)
+        except BaseException:
+            wt.rollback()
+            raise
+        self._commit(wt)
+        return resp
+
+    def _commit(self, wt: WriteTxn) -> None:
+        changes = wt.commit()
+        if not changes:
+            return
+        leases = self._leases
+        for (key, rec, _before), prev in zip(changes, wt.replaced, strict=True):
+            if prev is not None and prev[LEASE]:
+                leases.detach(prev[LEASE], key)
+            if rec[VALUE] is not None and rec[LEASE]:
+                leases.attach(rec[LEASE], key)
+        self.watch_hub.publish(wt.rev, changes)
+
+    def _revoke(self, ids: list[int], min_revision: int) -> None:
+        """Delete every key of the given leases in one revision, then forget the leases."""
+        keys = sorted({k for i in ids for k in self._leases.leases[i].keys})
+        if keys:
+            wt = self._store.begin(min_revision)
+            for key in keys:
+                wt.delete(KeyRange(key, None, True))
+            self._commit(wt)
+        for i in ids:
+            self._leases.remove(i)
+
+    def _lease_grant(self, req: rpc_pb2.LeaseGrantRequest) -> rpc_pb2.LeaseGrantResponse:
+        lim = self.limits
+        lease = self._leases.grant(
+            req.ID, req.TTL, min_ttl=lim.min_lease_ttl_s, max_ttl=lim.max_lease_ttl_s,
+            max_leases=lim.max_leases,
+        )
+        resp = rpc_pb2.LeaseGrantResponse(ID=lease.id, TTL=lease.ttl)
+        resp.header.revision = self._store.rev
+        return resp
+
+    def _lease_checkpoint(self, payload: bytes) -> rpc_pb2.LeaseCheckpointResponse:
+        req = _parse(rpc_pb2.LeaseCheckpointRequest, payload)
+        for cp in req.checkpoints:
+            self._leases.set_remaining(cp.ID, cp.remaining_TTL)
+        resp = rpc_pb2.LeaseCheckpointResponse()
+        resp.header.revision = self._store.rev
+        return resp
+
+    # --- reads -----------------------------------------------------------------------------
+    def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
+        """A Range at the current (or the requested past) revision."""
+        validate.validate_range(req, self.limits)
+        return self._exec.range(req, self._store.rev)
+
+    def lease_time_to_live(
+        self, req: rpc_pb2.LeaseTimeToLiveRequest, now_ms: int | None = None
+    ) -> rpc_pb2.LeaseTimeToLiveResponse:
+        """Remaining TTL (``now_ms``: the leader's clock; default the replicated clock);
+        an unknown lease gets TTL -1, not an error."""
+        table = self._leases
+        resp = rpc_pb2.LeaseTimeToLiveResponse(ID=req.ID)
+        resp.header.revision = self._store.rev
+        lease = table.leases.get(req.ID)
+        if lease is None:
+            resp.TTL = -1
+            return resp
+        resp.TTL = table.remaining_s(lease, table.clock_ms if now_ms is None else now_ms)
+        resp.grantedTTL = lease.ttl
+        if req.keys:
+            resp.keys.extend(sorted(lease.keys))
+        return resp
+
+    def lease_leases(self) -> rpc_pb2.LeaseLeasesResponse:
+        """Every live lease, soonest expiry first (etcd's order), ties by id."""
+        table = self._leases
+        order = sorted(table.leases.values(), key=lambda ls: (ls.base_deadline_ms, ls.id))
+        resp = rpc_pb2.LeaseLeasesResponse()
+        resp.leases.extend([rpc_pb2.LeaseStatus(ID=ls.id) for ls in order])
+        resp.header.revision = self._store.rev
+        return resp
+
+    def expired_leases(self, now_ms: int, term: int | None = None, limit: int = 1000) -> list[int]:
+        """Leader only: leases overdue at ``now_ms`` (its clock), to propose an expire for.
+
+        With ``term`` given, returns nothing until a command of that term has been applied
+        (the new leader's first checkpoint rebases the deadlines into its clock).
+        """
+        if term is not None and term != self._leases.clock_term:
+            return []
+        return self._leases.expired(now_ms, limit)
+
+    def hash_kv(self, revision: int = 0) -> tuple[int, int]:
+        """(CRC32C of the history up to ``revision`` (0 = current), compact revision)."""
+        store = self._store
+        if revision > 0 and revision <= store.compact_rev:
+            raise errors.COMPACTED
+        if revision > store.rev:
+            raise errors.FUTURE_REV
+        return store.hash(revision if revision > 0 else store.rev), self.compact_revision
+
+    # --- snapshots -------------------------------------------------------------------------
+    def snapshot(self) -> bytes:
+        """A deterministic msgpack image of the whole state (watchers are not state)."""
+        return self.prepare_snapshot()()
+
+    def prepare_snapshot(self) -> Callable[[], bytes]:
+        """Capture the state now (on the apply loop: ~0.1 s per million keys) and return
+        a function that serializes that capture; run it in a worker thread
+        (``await asyncio.to_thread(sm.prepare_snapshot())``) so the loop keeps applying."""
+        store_image = self._store.freeze()
+        lease_image = self._leases.dump()
+
+        def serialize() -> bytes:
+            image = [SNAPSHOT_FORMAT, store_image(), lease_image]
+            packed: bytes = msgpack.packb(image, use_bin_type=True)
+            return packed
+
+        return serialize
+
+    def restore(self, data: bytes) -> None:
+        """Replace the state with a snapshot's; live watchers catch up from it."""
+        try:
+            fmt, store_image, lease_image = msgpack.unpackb(data, raw=False, use_list=False)
+            if fmt != SNAPSHOT_FORMAT:
+                raise ValueError(f"unknown KV snapshot format {fmt!r}")
+            store = MVCCStore.load(store_image)
+            leases = LeaseTable.load(lease_image)
+        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
+            raise errors.bad_request(f"malformed KV snapshot: {exc}") from exc
+        self._store = store
+        self._leases = leases
+        self._exec = Executor(store, leases, self.limits)
+        self.watch_hub.rebind(store)
+
+
+def _parse(cls: Any, payload: bytes) -> Any:
+    msg = cls()
+    try:
+        msg.ParseFromString(payload)
+    except Exception as exc:  # protobuf raises DecodeError (a plain Exception subclass)
+        raise errors.bad_request(f"malformed {cls.__name__}: {exc}") from exc
+    return msg

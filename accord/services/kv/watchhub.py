@@ -1,0 +1,332 @@
+"""The watch hub of one node: committed changes fanned out to watchers, with replay.
+
+A watcher is *unsynced* while it replays history (from its start revision, in chunks
+that fit its buffer, refilled as the consumer drains), then *synced*: the apply loop's
+:meth:`WatchHub.publish` appends each committed revision's matching events to its
+buffer. Buffers are bounded: a synced watcher whose consumer falls more than
+``buffer_limit`` events behind is cancelled with a reason saying the revision to resume
+from; memory never grows without bound. All events of one revision travel in one batch.
+Event messages are shared between watchers: treat them as read-only (copy them into
+the response, as ``repeated.extend`` does). A replay that starts below the compaction revision ends in a cancel carrying
+``compact_revision`` (etcd's behaviour). The hub knows nothing of gRPC; the servicer turns
+:class:`WatchBatch` objects into ``WatchResponse`` messages.
+
+Threading: ``publish`` and ``next_batch`` must run on the same event loop (the apply loop
+runs on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from accord.proto import kv_pb2, rpc_pb2
+from accord.services.kv import errors
+from accord.services.kv.limits import Limits
+from accord.services.kv.mvcc import VALUE, MVCCStore, Rec
+from accord.services.kv.pbconv import event_pb
+from accord.services.kv.ranges import KeyRange
+from accord.services.kv.watchindex import WatcherIndex
+
+NOPUT = rpc_pb2.WatchCreateRequest.NOPUT
+NODELETE = rpc_pb2.WatchCreateRequest.NODELETE
+
+Change = tuple[bytes, Rec, Rec | None]
+
+
+@dataclass(slots=True)
+class WatchBatch:
+    """What the servicer sends as one WatchResponse (before fragmenting)."""
+
+    revision: int
+    """Header revision: the store revision when the batch was produced."""
+    events: list[kv_pb2.Event] = field(default_factory=list)
+    compact_revision: int = 0
+    canceled: bool = False
+    cancel_reason: str = ""
+    progress: bool = False
+    """An event-less progress notification: every event <= revision was delivered."""
+
+
+class Watcher:
+    """One watch: its range, options, position and bounded buffer."""
+
+    __slots__ = (
+        "_final",
+        "_hub",
+        "_queue",
+        "_queued_events",
+        "_wake",
+        "_want_progress",
+        "buffer_limit",
+        "id",
+        "kr",
+        "min_rev",
+        "next_rev",
+        "no_delete",
+        "no_put",
+        "prev_kv",
+        "progress_notify",
+        "synced",
+    )
+
+    def __init__(
+        self,
+        hub: WatchHub,
+        wid: int,
+        kr: KeyRange,
+        prev_kv: bool,
+        filters: Iterable[int],
+        progress_notify: bool,
+        buffer_limit: int,
+    ) -> None:
+        self._hub = hub
+        self.id = wid
+        self.kr = kr
+        self.prev_kv = prev_kv
+        fs = set(filters)
+        self.no_put = NOPUT in fs
+        self.no_delete = NODELETE in fs
+        self.progress_notify = progress_notify
+        self.buffer_limit = buffer_limit
+        self.min_rev = 0
+        """Revisions below this are not delivered (a start revision in the future)."""
+        self.next_rev = 0
+        """While unsynced: the next revision to replay from history."""
+        self.synced = False
+        self._queue: deque[WatchBatch] = deque()
+        self._queued_events = 0
+        self._wake: asyncio.Event | None = None
+        self._final: WatchBatch | None = None
+        self._want_progress = False
+
+    @property
+    def canceled(self) -> bool:
+        """Whether the watch has ended (its last batch may still be queued)."""
+        return self._final is not None
+
+    def _events(self, changes: list[Change]) -> list[kv_pb2.Event]:
+        out = []
+        for key, rec, prev in changes:
+            if not self.kr.contains(key):
+                continue
+            if (self.no_delete if rec[VALUE] is None else self.no_put):
+                continue
+            out.append(event_pb(key, rec, prev, self.prev_kv))
+        return out
+
+    def _wants(self, rec: Rec) -> bool:
+        return not (self.no_delete if rec[VALUE] is None else self.no_put)
+
+    def _push(self, batch: WatchBatch) -> None:
+        self._queue.append(batch)
+        self._queued_events += len(batch.events)
+        if self._wake is not None:
+            self._wake.set()
+
+    def _end(self, batch: WatchBatch) -> None:
+        if self._final is None:
+            self._final = batch
+            self._hub._forget(self)
+            if self._wake is not None:
+                self._wake.set()
+
+    def poll(self, max_events: int = 1000) -> WatchBatch | None:
+        """The next batch if one is ready (queued revisions merged up to ``max_events``)."""
+        if not self._queue and not self.synced and self._final is None:
+            self._hub._refill(self)
+        if self._queue:
+            batch = self._queue.popleft()
+            while self._queue and len(batch.events) + len(self._queue[0].events) <= max_events:
+                nxt = self._queue[0]
+                if nxt.progress != batch.progress:
+                    break
+                self._queue.popleft()
+                batch.events.extend(nxt.events)
+                batch.revision = nxt.revision
+            self._queued_events -= len(batch.events)
+            if not self._queue and not self.synced and self._final is None:
+                self._hub._refill(self)
+            return batch
+        return self._final
+
+    async def next_batch(self, max_events: int = 1000) -> WatchBatch:
+        """Wait for the next batch; after a cancel, returns the cancel batch again."""
+        while True:
+            batch = self.poll(max_events)
+            if batch is not None:
+                return batch
+            if self._wake is None:
+                self._wake = asyncio.Event()
+            self._wake.clear()
+            await self._wake.wait()
+
+    def request_progress(self) -> None:
+        """Queue a progress notification behind the events already queued; an unsynced
+        watcher gets it as soon as its replay has caught up."""
+        if self._final is not None:
+            return
+        if self.synced:
+            self._push(WatchBatch(self._hub.store.rev, progress=True))
+        else:
+            self._want_progress = True
+
+    def close(self) -> None:
+        """Cancel the watch (client request); its next batch is an empty cancel."""
+        self._queue.clear()
+        self._queued_events = 0
+        self._end(WatchBatch(self._hub.store.rev, canceled=True))
+
+
+class WatchHub:
+    """All watchers of one node over one store."""
+
+    def __init__(self, store: MVCCStore, limits: Limits | None = None) -> None:
+        self.store = store
+        self.limits = limits or Limits()
+        self._next_id = 0
+        self._watchers: dict[int, Watcher] = {}
+        self._index: WatcherIndex[Watcher] = WatcherIndex()
+
+    def __len__(self) -> int:
+        return len(self._watchers)
+
+    def progress(self) -> int:
+        """The current revision: every event up to it has been published."""
+        return self.store.rev
+
+    def watch(
+        self,
+        key: bytes,
+        range_end: bytes = b"",
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        filters: Iterable[int] = (),
+        progress_notify: bool = False,
+        buffer_limit: int | None = None,
+    ) -> Watcher:
+        """Create a watcher; ``start_revision`` 0 means "from the next revision".
+
+        As in etcd an empty key is accepted (with a ``range_end`` it means "from the
+        smallest key"); a single empty key simply never matches.
+        """
+        if len(self._watchers) >= self.limits.max_watchers:
+            raise errors.too_many_watchers(self.limits.max_watchers)
+        limit = buffer_limit if buffer_limit is not None else self.limits.watch_buffer_events
+        if limit <= 0:
+            raise errors.bad_request(f"watch buffer_limit must be positive, got {limit}")
+        self._next_id += 1
+        w = Watcher(self, self._next_id, KeyRange.of(key, range_end), prev_kv, filters,
+                    progress_notify, limit)
+        self._watchers[w.id] = w
+        store = self.store
+        if start_revision <= 0 or start_revision > store.rev:
+            w.min_rev = start_revision
+            self._sync(w)
+        else:
+            w.next_rev = start_revision
+            self._refill(w)
+        return w
+
+    def publish(self, rev: int, changes: list[Change]) -> None:
+        """Deliver one committed revision's changes to the synced watchers that match."""
+        if not changes or not self._watchers:
+            return
+        targets: dict[Watcher, list[int]] = {}
+        for i, (key, rec, _prev) in enumerate(changes):
+            for w in self._index.matching(key):
+                if w._wants(rec):
+                    targets.setdefault(w, []).append(i)
+        shared: dict[tuple[int, bool], kv_pb2.Event] = {}  # one message per change and shape
+        for w, picked in targets.items():
+            if rev < w.min_rev:
+                continue
+            events = []
+            for i in picked:
+                ev = shared.get((i, w.prev_kv))
+                if ev is None:
+                    key, rec, prev = changes[i]
+                    ev = shared[(i, w.prev_kv)] = event_pb(key, rec, prev, w.prev_kv)
+                events.append(ev)
+            if w._queue and w._queued_events + len(events) > w.buffer_limit:
+                w._end(
+                    WatchBatch(
+                        rev,
+                        canceled=True,
+                        cancel_reason=(
+                            f"accord: watcher too slow, buffer of {w.buffer_limit} events "
+                            f"exceeded; re-create the watch from revision {rev}"
+                        ),
+                    )
+                )
+                continue
+            w._push(WatchBatch(rev, events))
+
+    def notify_progress(self) -> int:
+        """Queue a progress notification to idle synced watchers that asked for them."""
+        n = 0
+        for w in self._watchers.values():
+            if w.progress_notify and w.synced and not w._queue:
+                w._push(WatchBatch(self.store.rev, progress=True))
+                n += 1
+        return n
+
+    def rebind(self, store: MVCCStore) -> None:
+        """Switch to a restored store: every watcher catches up from history."""
+        old_next = self.store.rev + 1
+        self.store = store
+        for w in list(self._watchers.values()):
+            if w.synced:
+                self._unsync(w, max(old_next, w.min_rev))
+            if not w._queue:
+                self._refill(w)
+
+    def close(self) -> None:
+        """Cancel every watcher (node shutdown)."""
+        for w in list(self._watchers.values()):
+            w.close()
+
+    # --- internals -----------------------------------------------------------------------
+    def _sync(self, w: Watcher) -> None:
+        w.synced = True
+        self._index.add(w)
+        if w._want_progress:
+            w._want_progress = False
+            w._push(WatchBatch(self.store.rev, progress=True))
+
+    def _unsync(self, w: Watcher, next_rev: int) -> None:
+        self._detach(w)
+        w.synced = False
+        w.next_rev = next_rev
+
+    def _detach(self, w: Watcher) -> None:
+        self._index.discard(w)
+
+    def _forget(self, w: Watcher) -> None:
+        self._detach(w)
+        self._watchers.pop(w.id, None)
+
+    def _refill(self, w: Watcher) -> None:
+        """Replay history into an unsynced watcher's buffer; sync it once caught up."""
+        store = self.store
+        if w.next_rev < store.compact_rev:
+            w._queue.clear()
+            w._queued_events = 0
+            w._end(WatchBatch(0, compact_revision=store.compact_rev, canceled=True))
+            return
+        space = max(1, w.buffer_limit - w._queued_events)
+        while True:
+            chunks, next_rev = store.changes_since(w.next_rev, w.kr, space)
+            for _rev, changes in chunks:
+                events = w._events(changes)
+                if events:
+                    w._push(WatchBatch(store.rev, events))
+                    space -= len(events)
+            w.next_rev = next_rev
+            if next_rev > store.rev:
+                self._sync(w)
+                return
+            if space <= 0 or w._queue:
+                return
