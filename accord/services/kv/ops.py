@@ -112,17 +112,14 @@ class Executor:
             raise errors.LEASE_NOT_FOUND
 
     def check_txn_state(self, req: rpc_pb2.TxnRequest, taken: list[bool]) -> None:
-        """etcd's checkRequests along the taken path: puts' state and ranges' revisions."""
-        self._check_branch(req, taken, 0)
-
-    def _check_branch(self, req: rpc_pb2.TxnRequest, taken: list[bool], i: int) -> int:
-        ops = req.success if taken[i] else req.failure
-        i += 1
+        """etcd's checkRequests along the taken path: every put's state first, then every
+        range's revision (so a bad put wins over a bad range that comes before it)."""
+        ops = self._taken_ops(req, taken, 0, [])[1]
         for op in ops:
-            which = op.WhichOneof("request")
-            if which == "request_put":
+            if op.WhichOneof("request") == "request_put":
                 self.check_put_state(op.request_put, in_txn=True)
-            elif which == "request_range":
+        for op in ops:
+            if op.WhichOneof("request") == "request_range":
                 r = op.request_range.revision
                 if r > self.store.rev:
                     raise errors.FUTURE_REV
@@ -130,9 +127,19 @@ class Executor:
                     # etcd's quirk, kept: after a compaction a *negative* revision in a
                     # Txn's range is "compacted" (a plain Range reads it as "latest")
                     raise errors.COMPACTED
-            elif which == "request_txn":
-                i = self._check_branch(op.request_txn, taken, i)
-        return i
+
+    def _taken_ops(
+        self, req: rpc_pb2.TxnRequest, taken: list[bool], i: int, out: list[rpc_pb2.RequestOp]
+    ) -> tuple[int, list[rpc_pb2.RequestOp]]:
+        """The ops of the branches taken (nested txns flattened, in order)."""
+        ops = req.success if taken[i] else req.failure
+        i += 1
+        for op in ops:
+            if op.WhichOneof("request") == "request_txn":
+                i, _ = self._taken_ops(op.request_txn, taken, i, out)
+            else:
+                out.append(op)
+        return i, out
 
     # --- writes ------------------------------------------------------------------------
     def put(self, wt: WriteTxn, req: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
