@@ -231,3 +231,22 @@ async def test_idle_groups_quiesce_and_wake_when_their_leader_dies(cluster: Clus
     survivor = next(iter(cluster.nodes))
     await cluster.put(survivor, 2, "after", "death")
     assert await cluster.leader(2) != dead
+
+
+async def test_a_failed_fsync_stops_the_node_and_acknowledges_nothing(cluster: Cluster) -> None:
+    from accord.raft.wal import WALFatalError
+
+    lead = await cluster.leader(1)
+    node = cluster.nodes[lead]
+
+    async def broken_append(batch: object) -> None:
+        raise WALFatalError("fsync failed: EIO (simulated)")
+
+    node.host._wal.append = broken_append  # type: ignore[method-assign]
+    with pytest.raises(GroupUnavailable):
+        await node.host.propose(1, bytes(msgpack.packb(["k", "never"])), timeout=2)
+    err = await asyncio.wait_for(node.host.wait_fatal(), 5)
+    assert "fsync failed" in str(err)
+    with pytest.raises(GroupUnavailable):
+        await node.host.propose(1, bytes(msgpack.packb(["k", "after"])))
+    assert node.sms[1].data.get("k") != "never"
