@@ -1,0 +1,369 @@
+"""Clusters for benchmarks: a real 3-member etcd, a 3-node accord, and a do-nothing server.
+
+Every process runs on free 127.0.0.1 ports with its data under one temporary
+directory; every process is started and ended by PID (SIGTERM, then SIGKILL), and
+:class:`Harness` ends whatever is still alive when its ``with`` block exits, even on
+error or Ctrl-C. etcd runs with its defaults (fsync on every commit); both clusters
+take the same ``--heartbeat-interval`` and ``--election-timeout``.
+
+Used by ``bench/kv.py``, ``bench/failover.py``, ``bench/idle.py`` and ``bench/shards.py``.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from accord.proto import rpc_pb2  # noqa: E402
+from accord.proto import rpc_pb2_grpc as _rpc_grpc  # noqa: E402
+
+rpc_pb2_grpc: Any = _rpc_grpc  # generated stubs are untyped
+
+HOST = "127.0.0.1"
+PR_SET_PDEATHSIG = 1
+ETCD_BIN = shutil.which("etcd") or "/usr/bin/etcd"
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct 127.0.0.1 ports that were free a moment ago."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of ``pid`` (VmRSS of /proc/PID/status), in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise OSError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time consumed so far by ``pid`` (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        data = f.read()
+    fields_ = data[data.rindex(")") + 2:].split()
+    return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it if the benchmark process dies (Linux prctl)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class Member:
+    """One server process: its ports, its data and log, its command line, its PID."""
+
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: Path
+    log_path: Path
+    argv: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{HOST}:{self.client_port}"
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # the child owns it from here
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+
+    def kill9(self) -> None:
+        """kill -9 by PID and reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM by PID, SIGKILL after ``timeout``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def wait_serving(self, timeout: float = 60.0) -> None:
+        """Until the client port accepts a TCP connection."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited; log:\n{self.log_tail()}")
+            with contextlib.suppress(OSError), socket.create_connection((HOST, self.client_port), 0.2):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not serve in {timeout}s; log:\n{self.log_tail()}")
+
+
+def status(endpoint: str, timeout: float = 1.0) -> rpc_pb2.StatusResponse:
+    """Maintenance.Status of one member."""
+    with grpc.insecure_channel(endpoint) as ch:
+        resp: rpc_pb2.StatusResponse = rpc_pb2_grpc.MaintenanceStub(ch).Status(
+            rpc_pb2.StatusRequest(), timeout=timeout)
+        return resp
+
+
+class Cluster(abc.ABC):
+    """N members of one system (``kind``: "etcd", "accord" or "null")."""
+
+    kind = "?"
+
+    def __init__(self, root: Path, n: int) -> None:
+        self.root = root
+        ports = free_ports(2 * n)
+        self.members = [
+            Member(f"{self.kind}{i + 1}", ports[2 * i], ports[2 * i + 1],
+                   root / f"{self.kind}{i + 1}", root / f"{self.kind}{i + 1}.log")
+            for i in range(n)
+        ]
+        self.initial = ",".join(f"{m.name}=http://{HOST}:{m.peer_port}" for m in self.members)
+        for m in self.members:
+            m.argv = self.argv(m)
+
+    @abc.abstractmethod
+    def argv(self, m: Member) -> list[str]:
+        """The command line that starts member ``m``."""
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.endpoint for m in self.members]
+
+    @property
+    def pids(self) -> list[int]:
+        return [m.pid for m in self.members if m.alive()]
+
+    def start(self, timeout: float = 60.0) -> None:
+        for m in self.members:
+            m.start()
+        for m in self.members:
+            m.wait_serving(timeout)
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until a put succeeds (a leader exists and commits)."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            for m in self.members:
+                if not m.alive():
+                    continue
+                try:
+                    with grpc.insecure_channel(m.endpoint) as ch:
+                        rpc_pb2_grpc.KVStub(ch).Put(
+                            rpc_pb2.PutRequest(key=b"__bench_ready", value=b"1"), timeout=2.0)
+                    return
+                except grpc.RpcError as e:
+                    last = e
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.kind} cluster not ready in {timeout}s: {last}")
+
+    def leader(self, timeout: float = 30.0) -> Member:
+        """The live member that the live members agree leads (Maintenance.Status)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ids: dict[int, Member] = {}
+            leaders: set[int] = set()
+            for m in self.members:
+                if not m.alive():
+                    continue
+                with contextlib.suppress(grpc.RpcError):
+                    st = status(m.endpoint, 0.5)
+                    ids[st.header.member_id] = m
+                    leaders.add(st.leader)
+            if len(leaders) == 1:
+                (lid,) = leaders
+                if lid in ids:
+                    return ids[lid]
+            time.sleep(0.05)
+        raise RuntimeError(f"no agreed {self.kind} leader in {timeout}s")
+
+    def stop(self) -> None:
+        for m in self.members:
+            with contextlib.suppress(Exception):
+                m.stop()
+
+    def rss(self) -> list[int]:
+        return [rss_bytes(m.pid) for m in self.members]
+
+
+class EtcdCluster(Cluster):
+    """A real etcd (``/usr/bin/etcd``), fsync on (etcd's default, not ``--unsafe-no-fsync``)."""
+
+    kind = "etcd"
+
+    def __init__(self, root: Path, n: int = 3, *, heartbeat_ms: int = 100,
+                 election_ms: int = 1000) -> None:
+        self.heartbeat_ms = heartbeat_ms
+        self.election_ms = election_ms
+        self.token = f"bench-{os.getpid()}-{time.monotonic_ns()}"
+        super().__init__(root, n)
+
+    def argv(self, m: Member) -> list[str]:
+        peer = f"http://{HOST}:{m.peer_port}"
+        client = f"http://{m.endpoint}"
+        return [
+            ETCD_BIN, "--name", m.name, "--data-dir", str(m.data_dir),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", self.initial, "--initial-cluster-state", "new",
+            "--initial-cluster-token", self.token,
+            "--heartbeat-interval", str(self.heartbeat_ms),
+            "--election-timeout", str(self.election_ms),
+            "--log-level", "warn", "--logger", "zap",
+        ]
+
+
+class AccordCluster(Cluster):
+    """``python -m accord serve`` members with etcd's flags."""
+
+    kind = "accord"
+
+    def __init__(self, root: Path, n: int = 3, *, heartbeat_ms: int = 100,
+                 election_ms: int = 1000, extra: tuple[str, ...] = ()) -> None:
+        self.heartbeat_ms = heartbeat_ms
+        self.election_ms = election_ms
+        self.extra = extra
+        super().__init__(root, n)
+
+    def argv(self, m: Member) -> list[str]:
+        return [
+            sys.executable, "-m", "accord", "serve",
+            "--name", m.name, "--data-dir", str(m.data_dir),
+            "--listen-client-urls", f"http://{m.endpoint}",
+            "--listen-peer-urls", f"http://{HOST}:{m.peer_port}",
+            "--initial-cluster", self.initial,
+            "--heartbeat-interval", str(self.heartbeat_ms),
+            "--election-timeout", str(self.election_ms),
+            "--log-level", "warn",
+            *self.extra,
+        ]
+
+
+class NullServer(Cluster):
+    """The do-nothing server (``bench/nullserver.py``): accord's gRPC front end, no work."""
+
+    kind = "null"
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, 1)
+
+    def argv(self, m: Member) -> list[str]:
+        return [sys.executable, str(Path(__file__).with_name("nullserver.py")),
+                "--listen", m.endpoint]
+
+
+class Harness:
+    """Owns a temp dir and every cluster started in it; ends them all on exit."""
+
+    def __init__(self, keep: bool = False) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="accord-bench-"))
+        self.keep = keep
+        self.clusters: list[Cluster] = []
+
+    def add(self, cluster: Cluster, start: bool = True) -> Cluster:
+        self.clusters.append(cluster)
+        if start:
+            cluster.start()
+        return cluster
+
+    def etcd(self, **kw: int) -> EtcdCluster:
+        c = EtcdCluster(self.root, **kw)
+        self.add(c)
+        return c
+
+    def accord(self, *, extra: tuple[str, ...] = (), **kw: int) -> AccordCluster:
+        c = AccordCluster(self.root, extra=extra, **kw)
+        self.add(c)
+        return c
+
+    def null(self) -> NullServer:
+        c = NullServer(self.root)
+        self.add(c)
+        return c
+
+    def close(self) -> None:
+        for c in self.clusters:
+            c.stop()
+        self.clusters.clear()
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Harness:
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def machine() -> str:
+    """A one-line description of this machine: CPU model, cores, memory, load."""
+    model = "unknown CPU"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = 0
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        mem = int(f.readline().split()[1]) // (1024 * 1024)
+    load = os.getloadavg()[0]
+    return f"{model}, {os.cpu_count()} cores, {mem} GiB, load {load:.1f}"

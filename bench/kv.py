@@ -1,0 +1,273 @@
+"""accord side by side with a real etcd: the key-value workloads, as accord/etcd ratios.
+
+One run starts a real 3-member etcd (fsync on), a 3-node accord and the do-nothing
+server of accord's front-end design (``bench/nullserver.py``) on this machine, then
+drives them with the same load generator (``bench/loadgen.py``) in repeated,
+interleaved rounds (every round runs every cell on every system, alternating which
+system goes first) and reports medians over the rounds:
+
+* put (256-byte values) at 1, 16 and 256 concurrent; linearizable get at 1 and 256;
+  serializable get at 256; Txn compare-and-set at 16; mixed 90/10 at 64; lock acquire
+  and release at 16; watch fan-out (one writer, 1,000 watchers: delivery latency);
+  lease keepalives (10,000 leases, 64 streams);
+* put and get also on the do-nothing server: the ceiling of this front end with this
+  client on this CPU, so accord reads as a fraction of it;
+* memory: on a fresh etcd and a fresh accord (after the rounds), resident size (VmRSS)
+  of every member before and after loading ``--mem-keys`` distinct 256-byte keys
+  (default 50,000, not a million, to keep the run short), extrapolated linearly to MiB
+  per million keys;
+* ``--profile S``: py-spy samples accord's leader for S seconds under put-256.
+
+Clients talk to every member round-robin, leader first (the single client of a
+1-concurrent cell talks to the leader). The machine's 2 cores are shared by the load
+generator, all servers and whatever else runs: figures are noisy, ratios less so.
+
+Usage: ``python bench/kv.py [--duration 5] [--reps 3] [--workers 3] [--mem-keys 50000]
+[--cells put:1,get:256,...] [--profile 10]``. Prints a table; the last line is one JSON
+object with every figure and ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.harness import AccordCluster, Cluster, EtcdCluster, Harness, machine  # noqa: E402
+from bench.loadgen import LoadGen, Result, Spec  # noqa: E402
+from bench.profiling import hot_spots, py_spy, record  # noqa: E402
+
+DEFAULT_CELLS = ("put:1,put:16,put:256,get:1,get:256,sget:256,txn:16,mixed:64,lock:16,"
+                 "watch:1000,lease:64")
+NULL_WORKLOADS = {"put", "get"}
+MIB = 1 << 20
+
+
+def ordered_endpoints(c: Cluster) -> list[str]:
+    """The cluster's endpoints, leader first."""
+    if len(c.members) == 1:
+        return c.endpoints
+    lead = c.leader().endpoint
+    return [lead, *(e for e in c.endpoints if e != lead)]
+
+
+def spec_for(cell: str, eps: list[str], args: argparse.Namespace, system: str, rep: int) -> Spec:
+    workload, _, n = cell.partition(":")
+    num = int(n or 1)
+    if workload == "watch":
+        return Spec("watch", eps, 1, args.duration, watchers=num, rate=args.watch_rate,
+                    tag=f"r{rep}")
+    if workload == "lease":
+        return Spec("lease", eps, num, args.duration, leases=args.leases, tag=f"r{rep}")
+    return Spec(workload, eps, num, args.duration, tag=f"r{rep}", check=system != "null")
+
+
+def median(values: list[float]) -> float:
+    vals = [v for v in values if v == v]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def measure_memory(lg: LoadGen, c: Cluster, keys: int, conc: int) -> dict[str, float]:
+    """RSS before/after loading ``keys`` distinct keys; MiB per million keys (mean of members)."""
+    time.sleep(2.0)
+    before = c.rss()
+    t0 = time.monotonic()
+    r = lg.run(Spec("load", ordered_endpoints(c), conc, 1.0, total=keys, tag="mem"))
+    load_s = time.monotonic() - t0
+    time.sleep(2.0)
+    after = c.rss()
+    deltas = [a - b for a, b in zip(after, before, strict=True)]
+    per_key = statistics.mean(deltas) / keys
+    return {"rss_before_mib": statistics.mean(before) / MIB,
+            "rss_after_mib": statistics.mean(after) / MIB,
+            "bytes_per_key": per_key, "mib_per_million": per_key * 1e6 / MIB,
+            "load_ops_s": r.ops / load_s if load_s else 0.0, "errors": float(r.errors)}
+
+
+def profile_accord(lg: LoadGen, c: Cluster, seconds: float, out_dir: Path,
+                   native: bool = False) -> dict[str, Any]:
+    """py-spy on accord's leader while put-256 runs; the top 10 self-time functions."""
+    if py_spy() is None:
+        return {"error": "py-spy not installed"}
+    eps = ordered_endpoints(c)
+    leader = c.leader()
+    out = out_dir / "accord-put256.raw"
+    prof = record(leader.pid, seconds, out, native=native)
+    time.sleep(0.5)
+    lg.run(Spec("put", eps, 256, seconds + 1.0, tag="prof"))
+    prof.wait(seconds + 30)
+    if not out.exists():
+        return {"error": "py-spy wrote nothing (ptrace not permitted?)"}
+    total, top = hot_spots(out)
+    _, incl = hot_spots(out, 25, inclusive_of="accord/")
+    incl = [(f, p) for f, p in incl if p < 95.0][:15]  # drop main() and its callers: always on the stack
+    return {"samples": total, "top": [[f, round(p, 2)] for f, p in top],
+            "accord_inclusive": [[f, round(p, 2)] for f, p in incl]}
+
+
+def fmt(x: float, digits: int = 2) -> str:
+    return "-" if x != x else f"{x:.{digits}f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the side-by-side benchmark; print the table and the JSON line."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per cell (default 5)")
+    p.add_argument("--reps", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--workers", type=int, default=3, help="load generator processes (default 3)")
+    p.add_argument("--cells", default=DEFAULT_CELLS, help="workload:concurrency,... "
+                   "(watch:N = N watchers; lease:N = N keepalive streams)")
+    p.add_argument("--leases", type=int, default=10_000, help="leases kept alive (default 10000)")
+    p.add_argument("--watch-rate", type=float, default=10.0, help="watch writer puts/s (default 10)")
+    p.add_argument("--mem-keys", type=int, default=50_000, help="keys loaded for memory (0: skip)")
+    p.add_argument("--profile", type=float, default=0.0, help="py-spy accord for S seconds (0: off)")
+    p.add_argument("--native", action="store_true", help="profile C frames too (py-spy --native)")
+    p.add_argument("--keep", action="store_true", help="keep the data directory")
+    args = p.parse_args(argv)
+    cells = [c.strip() for c in args.cells.split(",") if c.strip()]
+    for cell in cells:  # validate the cells before starting anything
+        try:
+            spec_for(cell, ["x"], args, "etcd", 0)
+        except ValueError as err:
+            p.error(f"bad cell {cell!r} (want workload:number): {err}")
+    if args.reps < 1 or args.duration <= 0:
+        p.error("--reps must be >= 1 and --duration > 0")
+
+    started = time.time()
+    results: dict[tuple[str, str], list[Result]] = {}
+    out: dict[str, Any] = {"bench": "kv", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "machine": machine(), "duration_s": args.duration, "reps": args.reps,
+                           "workers": args.workers}
+    with Harness(keep=args.keep) as h, LoadGen(args.workers) as lg:
+        systems: dict[str, Cluster] = {"etcd": h.etcd(), "accord": h.accord(), "null": h.null()}
+        for rep in range(args.reps):
+            for i, cell in enumerate(cells):
+                order = ["etcd", "accord", "null"]
+                if (rep + i) % 2:
+                    order.reverse()
+                for name in order:
+                    if name == "null" and cell.partition(":")[0] not in NULL_WORKLOADS:
+                        continue
+                    c = systems[name]
+                    r = lg.run(spec_for(cell, ordered_endpoints(c), args, name, rep))
+                    results.setdefault((cell, name), []).append(r)
+                    print(f"  round {rep + 1} {cell:<10} {name:<6} {r.ops_s:9.0f} ops/s "
+                          f"p50 {fmt(r.p50_ms)} p99 {fmt(r.p99_ms)} ms errors {r.errors}",
+                          file=sys.stderr, flush=True)
+        prof: dict[str, Any] = {}
+        if args.profile > 0:
+            prof = profile_accord(lg, systems["accord"], args.profile, h.root, args.native)
+        for c in systems.values():
+            c.stop()
+        memory: dict[str, dict[str, float]] = {}
+        if args.mem_keys > 0:  # on fresh clusters: the rounds above leave history and garbage
+            fresh: dict[str, Cluster] = {"etcd": EtcdCluster(h.root / "mem"),
+                                         "accord": AccordCluster(h.root / "mem")}
+            for name, c in fresh.items():
+                h.add(c)
+                memory[name] = measure_memory(lg, c, args.mem_keys, 256)
+                c.stop()
+
+    table: dict[str, Any] = {}
+    print(f"\naccord vs etcd 3.4.23 (3 members each, fsync on) and the do-nothing front end; "
+          f"medians of {args.reps} interleaved rounds of {args.duration:g}s")
+    print(f"machine: {out['machine']}  ({time.time() - started:.0f}s)")
+    hdr = (f"{'cell':<11}{'etcd ops/s':>11}{'p99 ms':>8}{'accord ops/s':>13}{'p99 ms':>8}"
+           f"{'null ops/s':>11}{'tput a/e':>9}{'p99 a/e':>8}{'a/null':>7}")
+    print(hdr)
+    print("-" * len(hdr))
+    ratios: dict[str, float] = {}
+    for cell in cells:
+        row: dict[str, Any] = {}
+        for name in ("etcd", "accord", "null"):
+            rs = results.get((cell, name))
+            if rs:
+                row[name] = {"ops_s": median([r.ops_s for r in rs]),
+                             "p50_ms": median([r.p50_ms for r in rs]),
+                             "p99_ms": median([r.p99_ms for r in rs]),
+                             "errors": sum(r.errors for r in rs)}
+        e, a, n = row.get("etcd", {}), row.get("accord", {}), row.get("null", {})
+        nan = float("nan")
+        t_ratio = a.get("ops_s", nan) / e["ops_s"] if e.get("ops_s") else nan
+        p_ratio = a.get("p99_ms", nan) / e["p99_ms"] if e.get("p99_ms") else nan
+        n_ratio = a.get("ops_s", nan) / n["ops_s"] if n.get("ops_s") else nan
+        ratios[f"{cell}/throughput"] = round(t_ratio, 3)
+        ratios[f"{cell}/p99"] = round(p_ratio, 3)
+        if n:
+            ratios[f"{cell}/of_null"] = round(n_ratio, 3)
+        row["ratios"] = {"throughput": t_ratio, "p99": p_ratio, "of_null": n_ratio}
+        table[cell] = row
+        print(f"{cell:<11}{fmt(e.get('ops_s', nan), 0):>11}{fmt(e.get('p99_ms', nan)):>8}"
+              f"{fmt(a.get('ops_s', nan), 0):>13}{fmt(a.get('p99_ms', nan)):>8}"
+              f"{fmt(n.get('ops_s', nan), 0):>11}{fmt(t_ratio):>9}{fmt(p_ratio):>8}"
+              f"{fmt(n_ratio):>7}")
+    print("(watch: ops/s = events delivered/s, p99 = delivery latency; lease: keepalives/s)")
+    if memory:
+        print(f"\nmemory, {args.mem_keys} keys of 256 B loaded (extrapolated linearly to 1M):")
+        for name, m in memory.items():
+            print(f"  {name:<7} RSS {m['rss_before_mib']:.0f} -> {m['rss_after_mib']:.0f} MiB, "
+                  f"{m['mib_per_million']:.0f} MiB per million keys, load {m['load_ops_s']:.0f} keys/s")
+        if memory["etcd"]["mib_per_million"] > 0:
+            ratios["memory_per_key"] = round(memory["accord"]["mib_per_million"]
+                                             / memory["etcd"]["mib_per_million"], 3)
+    goals = check_goals(ratios)
+    print("\ngoals:")
+    for g, ok in goals.items():
+        print(f"  {'met   ' if ok else 'MISSED'} {g}")
+    if prof:
+        print(f"\npy-spy, accord leader under put:256 ({prof.get('samples', 0)} samples), self time:")
+        for f, pct in prof.get("top", []):
+            print(f"  {pct:5.1f}%  {f}")
+        if prof.get("accord_inclusive"):
+            print("  inclusive, accord functions:")
+            for f, pct in prof["accord_inclusive"]:
+                print(f"  {pct:5.1f}%  {f}")
+        if "error" in prof:
+            print(f"  {prof['error']}")
+    out.update({"cells": table, "memory": memory, "ratios": ratios, "goals": goals,
+                "profile": prof, "wall_s": round(time.time() - started)})
+    print(json.dumps(clean(out), allow_nan=False))
+    return 0
+
+
+def check_goals(ratios: dict[str, float]) -> dict[str, bool]:
+    """The issue's goals that this run can judge, each met or not."""
+    def ok(key: str, low: float | None = None, high: float | None = None) -> bool:
+        v = ratios.get(key, float("nan"))
+        if v != v:
+            return False
+        return (low is None or v >= low) and (high is None or v <= high)
+
+    return {
+        "put:1 throughput >= 1.0x etcd": ok("put:1/throughput", low=1.0),
+        "put:1 p99 <= etcd": ok("put:1/p99", high=1.0),
+        "get:1 throughput >= 1.0x etcd": ok("get:1/throughput", low=1.0),
+        "get:1 p99 <= etcd": ok("get:1/p99", high=1.0),
+        "put:256 >= 0.9x do-nothing": ok("put:256/of_null", low=0.9),
+        "get:256 >= 0.9x do-nothing": ok("get:256/of_null", low=0.9),
+        "watch delivery p99 <= etcd": ok("watch:1000/p99", high=1.0),
+        "memory per key <= etcd": ok("memory_per_key", high=1.0),
+    }
+
+
+def clean(o: Any) -> Any:
+    """``o`` with NaN and infinities as None, so the JSON line is strict JSON."""
+    if isinstance(o, float):
+        return o if o == o and abs(o) != float("inf") else None
+    if isinstance(o, dict):
+        return {str(k): clean(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [clean(v) for v in o]
+    return o
+
+
+if __name__ == "__main__":
+    sys.exit(main())
