@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +93,8 @@ class _KVMachine:
     def apply(self, index: int, payload: bytes) -> object:
         return self.sm.apply(payload)
 
-    def snapshot(self) -> bytes:
-        return self.sm.snapshot()
+    def prepare_snapshot(self) -> Callable[[], bytes]:
+        return self.sm.prepare_snapshot()
 
     def restore(self, data: bytes) -> None:
         self.sm.restore(data)

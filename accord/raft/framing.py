@@ -29,13 +29,27 @@ async def within(aw: Awaitable[T], seconds: float) -> T:
         return await aw
 
 
-async def read_frame(reader: asyncio.StreamReader, max_bytes: int, wait_s: float) -> bytes:
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int, wait_s: float | None) -> bytes:
     """One frame's payload.
 
     Raises ``FrameError`` for a length above ``max_bytes`` or a truncated frame,
     ``EOFError`` for a clean end of stream between frames, ``TimeoutError`` when
-    a part takes longer than ``wait_s`` seconds.
+    a part takes longer than ``wait_s`` seconds (None: the caller keeps the deadline).
     """
+    if wait_s is None:
+        try:
+            header = await reader.readexactly(4)
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise FrameError(f"truncated frame header ({len(exc.partial)} of 4 bytes)") from exc
+            raise EOFError from exc
+        n = int.from_bytes(header, "big")
+        if n > max_bytes:
+            raise FrameError(f"frame length {n} exceeds the limit of {max_bytes} bytes")
+        try:
+            return await reader.readexactly(n)
+        except asyncio.IncompleteReadError as exc:
+            raise FrameError(f"truncated frame ({len(exc.partial)} of {n} bytes)") from exc
     try:
         header = await within(reader.readexactly(4), wait_s)
     except asyncio.IncompleteReadError as exc:

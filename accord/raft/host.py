@@ -38,7 +38,7 @@ import struct
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgpack
 
@@ -69,6 +69,7 @@ from accord.raft.types import (
 from accord.raft.wal import WALFatalError, WriteAheadLog, WriteBatch
 
 log = logging.getLogger("accord.raft.host")
+T = TypeVar("T")
 
 
 class StateMachine(Protocol):
@@ -78,8 +79,9 @@ class StateMachine(Protocol):
         """Apply one committed command; the return value answers the proposer."""
         ...
 
-    def snapshot(self) -> bytes:
-        """The whole state, for a snapshot."""
+    def prepare_snapshot(self) -> Callable[[], bytes]:
+        """Capture the state now (cheaply, on the loop); the function returned
+        serializes that capture and runs in a worker thread."""
         ...
 
     def restore(self, data: bytes) -> None:
@@ -220,6 +222,7 @@ class MultiRaftHost:
     ) -> None:
         self.node_id = node_id
         self.config = config or HostConfig()
+        self._loop = asyncio.get_running_loop()  # hosts are built inside the node's loop
         self._wal = wal
         self._snapshots = snapshots
         self._transport = transport
@@ -237,6 +240,9 @@ class MultiRaftHost:
         self._pending_confs: list[tuple[int, int, ConfState]] = []
         self._fatal: BaseException | None = None
         self._stopped = asyncio.Event()
+        self._expiry: deque[tuple[float, asyncio.Future[Any]]] = deque()
+        """(deadline, future) of waits with the default timeout, oldest first: one sweep
+        per tick replaces a timer per request."""
         self._active: set[Group] = set()
         """Groups that tick (not quiesced)."""
         self._peer_nodes: set[int] = set()
@@ -321,7 +327,7 @@ class MultiRaftHost:
         self._heard(from_node)
 
     def _heard(self, node: int) -> None:
-        if self._liveness.heard(node, asyncio.get_running_loop().time()):
+        if self._liveness.heard(node, self._loop.time()):
             log.info("node %d: peer %d is reachable again", self.node_id, node)
 
     def group(self, group_id: int) -> Group:
@@ -376,16 +382,32 @@ class MultiRaftHost:
         self._seq += 1
         seq = self._seq
         data = _ENVELOPE.pack((self.node_id, seq, payload))
-        fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[object] = self._loop.create_future()
         g.proposals[seq] = fut
         try:
             self._submit(g, data)
-            async with asyncio.timeout(timeout or self.config.request_timeout):
+            return await self._wait(fut, timeout)
+        finally:
+            g.proposals.pop(seq, None)
+
+    async def _wait(self, fut: asyncio.Future[T], timeout: float | None) -> T:
+        """Await ``fut``; past the timeout it fails with ``request timed out``."""
+        if timeout is None:
+            self._expiry.append((self._loop.time() + self.config.request_timeout, fut))
+            return await fut
+        try:
+            async with asyncio.timeout(timeout):
                 return await fut
         except TimeoutError:
             raise GroupUnavailable("request timed out") from None
-        finally:
-            g.proposals.pop(seq, None)
+
+    def _expire_waits(self) -> None:
+        now = self._loop.time()
+        q = self._expiry
+        while q and q[0][0] <= now:
+            _, fut = q.popleft()
+            if not fut.done():
+                fut.set_exception(GroupUnavailable("request timed out"))
 
     def _submit(self, g: Group, data: bytes) -> None:
         self._activate(g)
@@ -409,15 +431,11 @@ class MultiRaftHost:
         """Wait until a linearizable read of the group may be served locally."""
         g = self._groups[group_id]
         self._check_alive()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = self._loop.create_future()
         g.reads_pending.append(fut)
         self._activate(g)
         self._mark(g)
-        try:
-            async with asyncio.timeout(timeout or self.config.request_timeout):
-                await fut
-        except TimeoutError:
-            raise GroupUnavailable("request timed out") from None
+        await self._wait(fut, timeout)
 
     def transfer_leader(self, group_id: int, target: int) -> None:
         """Ask the group's leader (this node) to hand leadership to ``target``."""
@@ -513,6 +531,7 @@ class MultiRaftHost:
         interval = self.config.tick_interval
         while True:
             await asyncio.sleep(interval)
+            self._expire_waits()
             for peer in self._peer_nodes:
                 self._transport.send_heartbeat(peer, 0, 0, 0)
             for g in list(self._active):
@@ -528,7 +547,7 @@ class MultiRaftHost:
             self._wake.set()
 
     def _wake_groups_of_silent_peers(self) -> None:
-        down = self._liveness.newly_down(asyncio.get_running_loop().time())
+        down = self._liveness.newly_down(self._loop.time())
         if not down:
             return
         log.info("node %d: peers %s went silent; waking their quiesced groups", self.node_id, down)
@@ -773,9 +792,10 @@ class MultiRaftHost:
     async def _take_snapshot(self, g: Group) -> None:
         index, term = g.applied, g.applied_term
         meta = SnapshotMeta(index=index, term=term, conf_state=g.core.conf_state)
-        data = g.sm.snapshot()
+        serialize = g.sm.prepare_snapshot()
 
         def _write() -> None:
+            data = serialize()
             with self._snapshots.writer(g.id, meta) as w:
                 w.write(data)
                 w.finish()

@@ -480,8 +480,22 @@ class PeerTransport:
             close_writer(writer)
 
     async def _serve_raft(self, frm: int, reader: asyncio.StreamReader) -> None:
+        # One deadline for the whole connection, pushed forward at most twice per idle
+        # window, instead of a timer per frame: a silent link still times out.
+        loop = asyncio.get_running_loop()
+        idle = self._idle_timeout
+        async with asyncio.timeout_at(loop.time() + idle) as deadline:
+            await self._serve_raft_frames(frm, reader, deadline, loop, idle)
+
+    async def _serve_raft_frames(self, frm: int, reader: asyncio.StreamReader,
+                                 deadline: asyncio.Timeout, loop: asyncio.AbstractEventLoop,
+                                 idle: float) -> None:
         while True:
-            payload = await read_frame(reader, self._max_frame, self._idle_timeout)
+            payload = await read_frame(reader, self._max_frame, None)
+            now = loop.time()
+            when = deadline.when()
+            if when is not None and when - now < idle / 2:
+                deadline.reschedule(now + idle)
             try:
                 got = codec.decode_frame(payload, to=self.node_id, frm=frm, max_len=self._max_frame)
             except CodecError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,8 +40,9 @@ class Register:
         self.applied.append((index, key))
         return index
 
-    def snapshot(self) -> bytes:
-        return bytes(msgpack.packb(self.data))
+    def prepare_snapshot(self) -> Callable[[], bytes]:
+        data = dict(self.data)
+        return lambda: bytes(msgpack.packb(data))
 
     def restore(self, data: bytes) -> None:
         self.data = dict(msgpack.unpackb(data))

@@ -9,6 +9,7 @@ member's client URLs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
@@ -50,9 +51,13 @@ class ClusterStateMachine:
 
     def snapshot(self) -> bytes:
         """Every member, msgpack-encoded."""
+        return self.prepare_snapshot()()
+
+    def prepare_snapshot(self) -> Callable[[], bytes]:
+        """Capture the table now; the function returned encodes it (anywhere)."""
         rows = [[m.id, m.name, list(m.peer_urls), list(m.client_urls), m.is_learner]
                 for m in sorted(self.members.values(), key=lambda m: m.id)]
-        return bytes(msgpack.packb(rows))
+        return lambda: bytes(msgpack.packb(rows))
 
     def restore(self, data: bytes) -> None:
         """Replace the table by a snapshot's."""
