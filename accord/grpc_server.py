@@ -41,6 +41,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from accord.locks.servicer import add_lock_services
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.services.cluster.servicer import AuthServicer, ClusterServicer, MaintenanceServicer
 from accord.services.kv.backend import Backend
@@ -202,10 +203,13 @@ def build_server(
             rpc_pb2_grpc, f"add_{name}Servicer_to_server"
         )
         register(servicer, server)
+    add_lock_services(server, backend)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service_names = [
         *(rpc_pb2.DESCRIPTOR.services_by_name[s].full_name for s in ETCD_SERVICES),
+        "v3lockpb.Lock",
+        "v3electionpb.Election",
         health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
         reflection.SERVICE_NAME,
     ]
