@@ -312,8 +312,13 @@ class StateMachineBackend(ABC):
         return result
 
     async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
-        """Validate, encode and commit a Txn."""
+        """Validate, then serve a read-only Txn as a read, or encode and commit it."""
         self.sm.validate_txn(req)
+        if self.sm.is_read_only_txn(req):
+            # As etcd does: a Txn that cannot write is a read, linearizable through
+            # ReadIndex, with no log entry.
+            await self.read_barrier()
+            return self.sm.read_txn(req)
         if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
             self._check_space()
         result: rpc_pb2.TxnResponse = await self.commit(self.sm.encode_txn(req))

@@ -108,7 +108,11 @@ class MVCCStore:
             if current:
                 h = hist[key]
                 rec = h[-1] if isinstance(h, list) else h
-                if rec[VALUE] is not None:
+                if rec[MOD] > rev:  # written by the write txn in progress, after ``rev``
+                    found = self.get(key, rev)
+                    if found is not None:
+                        yield key, found
+                elif rec[VALUE] is not None:
                     yield key, rec
             else:
                 found = self.get(key, rev)

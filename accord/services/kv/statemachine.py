@@ -271,6 +271,18 @@ class KVStateMachine:
         validate.validate_range(req, self.limits)
         return self._exec.range(req, self._store.rev)
 
+    def is_read_only_txn(self, req: rpc_pb2.TxnRequest) -> bool:
+        """Whether no branch of ``req`` (nested ones included) can write."""
+        return bool(txn.is_read_only(req))
+
+    def read_txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
+        """Evaluate a read-only Txn locally, as a read (no Raft entry, no revision bump)."""
+        validate.validate_txn(req, self.limits)
+        if not txn.is_read_only(req):
+            raise ValueError("read_txn called with a Txn that writes")
+        result: rpc_pb2.TxnResponse = self._exec.txn(None, req)
+        return result
+
     def lease_time_to_live(
         self, req: rpc_pb2.LeaseTimeToLiveRequest, now_ms: int | None = None
     ) -> rpc_pb2.LeaseTimeToLiveResponse:
