@@ -220,8 +220,8 @@ class LeaderMixin:
             pr.inflights.free_le(m.index)
         if self._maybe_commit():
             self._bcast_pending = True
-        else:
-            self._send_pending.add(m.frm)
+        elif pr.next <= self._log.last_index():
+            self._send_pending.add(m.frm)  # more entries to send (the window opened)
         if m.frm == self._lead_transferee and pr.match == self._log.last_index():
             self._send_timeout_now(m.frm)
 

@@ -3,7 +3,7 @@
 It persists every Ready in memory (so nodes can be restarted from what they
 made durable), applies committed entries to a list per node, attaches the
 sender's state to SNAP messages, and can drop links. The full simulator lives
-in ``accord/raft/simulation.py``; this is only enough to drive the core.
+in ``accord/raft/simulation/``; this is only enough to drive the core.
 """
 
 from __future__ import annotations
