@@ -5,7 +5,9 @@ peer transport (``--listen-peer-urls``), one Multi-Raft host driving its groups,
 and one gRPC server (``--listen-client-urls``) serving the etcd v3 API:
 
 * group 1, the meta group: the member table (``ClusterStateMachine``);
-* group 2: the key-value store (``KVStateMachine``), leases and watches.
+* group 2: the key-value store (``KVStateMachine``), leases and watches;
+* group 3: the GPU scheduler (``SchedulerShard``): its leader computes placements
+  and commits them, so a failover loses no decision.
 
 Every member of ``--initial-cluster`` hosts a replica of every group. The KV
 backend answers writes with the result of their apply, serves linearizable reads
@@ -53,6 +55,8 @@ from accord.services.kv.backend import (
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
 from accord.services.kv.statemachine import KVStateMachine
+from accord.services.scheduling.replicated import SCHEDULING_GROUP, SchedulerShard
+from accord.services.scheduling.servicer import add_scheduler_service
 
 log = logging.getLogger("accord.server")
 
@@ -271,6 +275,9 @@ class Node:
         self.kv = KVStateMachine(limits=limits, lease_id_seed=KV_GROUP)
         self.host.add_group(META_GROUP, self.cluster, recovered.get(META_GROUP), voters=voters)
         self.host.add_group(KV_GROUP, _KVMachine(self.kv), recovered.get(KV_GROUP), voters=voters)
+        self.scheduling = SchedulerShard.on_host(self.host, self.member_id)
+        self.host.add_group(SCHEDULING_GROUP, self.scheduling, recovered.get(SCHEDULING_GROUP),
+                            voters=voters)
         for nid, (h, p) in cfg.peer_addresses().items():
             self.transport.set_peer(nid, h, p)
         await self.transport.start()
@@ -279,6 +286,7 @@ class Node:
         self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes))
         for h, p in cfg.client_listen_addresses():
             self.client_ports.append(self.grpc.add_port(f"{h}:{p}"))
+        add_scheduler_service(self.grpc.server, self.scheduling)
         await self.grpc.start()
         self._tasks = [
             asyncio.create_task(self._publish(), name="publish-member"),
@@ -286,6 +294,7 @@ class Node:
             asyncio.create_task(self._progress_loop(), name="watch-progress"),
             asyncio.create_task(self._balance_loop(), name="leader-balance"),
         ]
+        self._tasks.append(self.scheduling.start())
 
     # transport callbacks go through the node so they can be bound before the host exists
     def _deliver(self, frm: int, batch: list[Any]) -> None:
