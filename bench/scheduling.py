@@ -123,7 +123,8 @@ def part_scale(cycles: int) -> dict[str, Any]:
     fill_ms = (time.perf_counter() - t0) * 1000
     sm.apply({"id": "p0", "op": "place_jobs", "placements": [p.to_wire() for p in res.placements],
               "preemptions": res.preemptions, "now": 0.0})
-    print(f"filling an idle cluster: {len(res.placements)} of 1,000 placed in {fill_ms:.1f} ms")
+    fill_placed = len(res.placements)
+    print(f"filling an idle cluster: {fill_placed} of 1,000 placed in {fill_ms:.1f} ms")
     # Keep exactly 1,000 queued, saturated cluster; some jobs finish between cycles.
     nxt = 1000
     lat = []
@@ -149,7 +150,7 @@ def part_scale(cycles: int) -> dict[str, Any]:
     p99 = lat_sorted[min(len(lat) - 1, int(0.99 * len(lat)))]
     print(f"saturated, 1,000 queued: {cycles} cycles, median {p50:.1f} ms, p99 {p99:.1f} ms, "
           f"max {max(lat):.1f} ms; jobs started per cycle {statistics.mean(placed):.1f}")
-    return {"fill_cycle_ms": _r(fill_ms, 1), "fill_placed": len(res.placements),
+    return {"fill_cycle_ms": _r(fill_ms, 1), "fill_placed": fill_placed,
             "cycle_ms_median": _r(p50, 1), "cycle_ms_p99": _r(p99, 1), "cycle_ms_max": _r(max(lat), 1),
             "cycles": cycles}
 

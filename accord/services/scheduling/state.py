@@ -1,0 +1,485 @@
+"""The scheduling shard's replicated state machine.
+
+``apply(command) -> result`` over msgpack-encodable dict commands; ``snapshot()``
+and ``restore()``. Every replica applying the same log reaches the same state:
+apply never reads a clock (times come inside commands), never draws random
+numbers, and iterates only insertion-ordered containers.
+
+Decisions are computed by the leader (``scheduler.run_cycle``) and committed as
+``place_jobs`` commands; apply re-validates every placement against the state at
+that point of the log (job still pending, node alive and not drained, devices
+free, selector and required topology honoured) and rejects, deterministically,
+any that is stale. Every command carries an ``id``; a command applied again with
+the same id (a client retry after a leader failover) returns the first result and
+changes nothing. Together these make a leader crash mid-cycle harmless: nothing
+is placed twice, and nothing pending is lost.
+
+Commands (``op``): register_node, heartbeat, submit_job, cancel_job, place_jobs,
+job_finished, checkpoint, node_dead, drain, undrain, set_queue, set_tenant.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from accord.services.scheduling.capacity import CapacityIndex
+from accord.services.scheduling.model import (
+    Job,
+    Node,
+    Placement,
+    Running,
+    SchedulingError,
+    check_name,
+)
+from accord.services.scheduling.placement import give_back, take
+from accord.services.scheduling.queueing import QueueConfig
+from accord.services.scheduling.selectors import compile_selector
+from accord.services.scheduling.topology import domain_of
+
+SNAPSHOT_VERSION = 1
+MAX_REMEMBERED_COMMANDS = 100_000
+PORT_BASE = 29500
+PORT_RANGE = 1000
+
+PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "pending", "running", "succeeded", "failed", "cancelled"
+
+
+@dataclass(slots=True)
+class NodeStatus:
+    """A registered node and what membership and operators say about it."""
+
+    node: Node
+    alive: bool = True
+    drained: bool = False
+    last_heartbeat: float = 0.0
+    unhealthy: list[int] = field(default_factory=list)
+
+    def to_wire(self) -> dict[str, Any]:
+        """Encode as a msgpack-friendly dict."""
+        return {"node": self.node.to_wire(), "alive": self.alive, "drained": self.drained,
+                "last_heartbeat": self.last_heartbeat, "unhealthy": list(self.unhealthy)}
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """A job and its life so far."""
+
+    job: Job
+    status: str = PENDING
+    placement: Placement | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    last_checkpoint: float | None = None
+    master_port: int | None = None
+    starts: int = 0
+    requeues: int = 0
+    reason: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        """Encode as a msgpack-friendly dict (also the ``get_job`` answer)."""
+        return {
+            "job": self.job.to_wire(), "status": self.status,
+            "placement": self.placement.to_wire() if self.placement else None,
+            "start_time": self.start_time, "end_time": self.end_time,
+            "last_checkpoint": self.last_checkpoint, "master_port": self.master_port,
+            "starts": self.starts, "requeues": self.requeues, "reason": self.reason,
+        }
+
+    @staticmethod
+    def from_wire(d: dict[str, Any]) -> JobRecord:
+        """Decode a snapshot entry."""
+        return JobRecord(
+            job=Job.from_wire(d["job"]), status=d["status"],
+            placement=Placement.from_wire(d["placement"]) if d["placement"] else None,
+            start_time=d["start_time"], end_time=d["end_time"],
+            last_checkpoint=d["last_checkpoint"], master_port=d["master_port"],
+            starts=d["starts"], requeues=d["requeues"], reason=d["reason"],
+        )
+
+
+def _err(msg: str) -> dict[str, Any]:
+    return {"ok": False, "error": msg}
+
+
+class SchedulerStateMachine:
+    """Nodes, jobs, queues and free capacity of one scheduling shard."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeStatus] = {}
+        self.jobs: dict[str, JobRecord] = {}
+        self.queues: dict[str, QueueConfig] = {}
+        self.tenant_weights: dict[str, float] = {}
+        self.index = CapacityIndex()
+        self.clock = 0.0
+        self.applied: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.ports: dict[str, set[int]] = {}
+        self.pending: dict[str, None] = {}
+        self.running: dict[str, None] = {}
+        self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "register_node": self._register_node, "heartbeat": self._heartbeat,
+            "submit_job": self._submit_job, "cancel_job": self._cancel_job,
+            "place_jobs": self._place_jobs, "job_finished": self._job_finished,
+            "checkpoint": self._checkpoint, "node_dead": self._node_dead,
+            "drain": self._drain, "undrain": self._undrain, "set_queue": self._set_queue,
+            "set_tenant": self._set_tenant,
+        }
+
+    # ----- the state-machine interface ---------------------------------------
+
+    def apply(self, command: dict[str, Any] | bytes) -> dict[str, Any]:
+        """Apply one committed command; bad commands get ``{"ok": False, "error": ...}`` and change nothing."""
+        if isinstance(command, (bytes, bytearray)):
+            try:
+                command = msgpack.unpackb(command, raw=False, strict_map_key=False)
+            except Exception as e:
+                return _err(f"command is not valid msgpack: {e}")
+        if not isinstance(command, dict):
+            return _err("command must be a mapping")
+        cid = command.get("id")
+        if not isinstance(cid, str) or not cid:
+            return _err("command needs a non-empty string 'id'")
+        seen = self.applied.get(cid)
+        if seen is not None:
+            return {**seen, "duplicate": True}
+        op = self._ops.get(str(command.get("op", "")))
+        if op is None:
+            return _err(f"unknown op {command.get('op')!r}; known: {', '.join(self._ops)}")
+        now = command.get("now", self.clock)
+        if isinstance(now, bool) or not isinstance(now, (int, float)):
+            return _err("'now' must be a number")
+        try:
+            result = op(command)
+        except SchedulingError as e:
+            result = _err(str(e))
+        else:
+            self.clock = max(self.clock, float(now))
+        self.applied[cid] = result
+        while len(self.applied) > MAX_REMEMBERED_COMMANDS:
+            self.applied.popitem(last=False)
+        return result
+
+    def snapshot(self) -> bytes:
+        """The whole state, msgpack-encoded, versioned."""
+        data: bytes = msgpack.packb({
+            "version": SNAPSHOT_VERSION, "clock": self.clock,
+            "nodes": [s.to_wire() for s in self.nodes.values()],
+            "jobs": [r.to_wire() for r in self.jobs.values()],
+            "queues": [q.to_wire() for q in self.queues.values()],
+            "tenants": [[t, w] for t, w in self.tenant_weights.items()],
+            "applied": [[k, v] for k, v in self.applied.items()],
+        }, use_bin_type=True)
+        return data
+
+    def restore(self, data: bytes) -> None:
+        """Replace the state with a snapshot's (validated before anything changes)."""
+        try:
+            d = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception as e:
+            raise SchedulingError(f"snapshot is not valid msgpack: {e}") from e
+        if not isinstance(d, dict) or d.get("version") != SNAPSHOT_VERSION:
+            raise SchedulingError(f"snapshot version must be {SNAPSHOT_VERSION}")
+        fresh = SchedulerStateMachine()
+        fresh.clock = float(d["clock"])
+        for s in d["nodes"]:
+            node = Node.from_wire(s["node"])
+            fresh.nodes[node.name] = NodeStatus(node, s["alive"], s["drained"],
+                                                s["last_heartbeat"], list(s["unhealthy"]))
+            fresh.index.add_node(node, schedulable=s["alive"] and not s["drained"])
+            for i in s["unhealthy"]:
+                fresh.index.set_health(node.name, i, False)
+        for q in d["queues"]:
+            qc = QueueConfig.from_wire(q)
+            fresh.queues[qc.name] = qc
+        fresh.tenant_weights = {t: float(w) for t, w in d["tenants"]}
+        for jd in d["jobs"]:
+            rec = JobRecord.from_wire(jd)
+            fresh.jobs[rec.job.id] = rec
+            if rec.status == PENDING:
+                fresh.pending[rec.job.id] = None
+            elif rec.status == RUNNING and rec.placement is not None:
+                fresh.running[rec.job.id] = None
+                fresh._take_unchecked(rec.job, rec.placement)
+                if rec.master_port is not None:
+                    fresh.ports.setdefault(rec.placement.tasks[0].node, set()).add(rec.master_port)
+        fresh.applied = OrderedDict((k, v) for k, v in d["applied"])
+        for name in ("nodes", "jobs", "queues", "tenant_weights", "index", "clock", "applied",
+                     "ports", "pending", "running"):
+            setattr(self, name, getattr(fresh, name))
+
+    # ----- views for the leader and the API ---------------------------------------
+
+    def pending_jobs(self) -> list[Job]:
+        """Jobs waiting for a placement, in submission order."""
+        return [self.jobs[j].job for j in self.pending]
+
+    def running_view(self) -> dict[str, Running]:
+        """Running jobs as the scheduler sees them."""
+        out = {}
+        for jid in self.running:
+            r = self.jobs[jid]
+            assert r.placement is not None and r.start_time is not None
+            out[jid] = Running(r.job, r.placement, r.start_time, r.last_checkpoint)
+        return out
+
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        """A job's record, or None."""
+        r = self.jobs.get(job_id)
+        return r.to_wire() if r else None
+
+    def list_jobs(self, status: str | None = None, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Job records, optionally filtered."""
+        return [r.to_wire() for r in self.jobs.values()
+                if (status is None or r.status == status) and (tenant is None or r.job.tenant == tenant)]
+
+    # ----- helpers ----------------------------------------------------------------
+
+    def _take_unchecked(self, job: Job, placement: Placement) -> None:
+        take(self.index, job, placement)
+
+    def _requeue(self, jid: str, reason: str) -> None:
+        r = self.jobs[jid]
+        if r.status != RUNNING or r.placement is None:
+            return
+        self._release(r)
+        r.status = PENDING
+        r.requeues += 1
+        r.reason = reason
+        self.running.pop(jid, None)
+        self.pending[jid] = None
+
+    def _release(self, r: JobRecord) -> None:
+        assert r.placement is not None
+        alive = [t for t in r.placement.tasks if t.node in self.index.nodes]
+        give_back(self.index, r.job, Placement(r.placement.job_id, tuple(alive)))
+        if r.master_port is not None:
+            self.ports.get(r.placement.tasks[0].node, set()).discard(r.master_port)
+        r.placement = None
+        r.master_port = None
+
+    def _jobs_on(self, node: str) -> list[str]:
+        out = []
+        for jid in self.running:
+            p = self.jobs[jid].placement
+            if p is not None and any(t.node == node for t in p.tasks):
+                out.append(jid)
+        return out
+
+    def _node(self, cmd: dict[str, Any]) -> NodeStatus:
+        name = cmd.get("node")
+        if not isinstance(name, str) or name not in self.nodes:
+            raise SchedulingError(f"node {name!r} is not registered")
+        return self.nodes[name]
+
+    def _job(self, cmd: dict[str, Any]) -> JobRecord:
+        jid = cmd.get("job_id")
+        if not isinstance(jid, str) or jid not in self.jobs:
+            raise SchedulingError(f"job {jid!r} does not exist")
+        return self.jobs[jid]
+
+    # ----- commands -----------------------------------------------------------------
+
+    def _register_node(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        node = Node.from_wire(cmd.get("node"))
+        old = self.nodes.get(node.name)
+        if old is not None and self._jobs_on(node.name):
+            if old.node != node:
+                raise SchedulingError(f"node {node.name} has running jobs; its inventory cannot change")
+            old.alive = True
+            old.last_heartbeat = float(cmd.get("now", self.clock))
+            self.index.set_schedulable(node.name, not old.drained)
+            return {"ok": True, "node": node.name}
+        drained = old.drained if old is not None else False
+        self.index.add_node(node, schedulable=not drained)
+        self.nodes[node.name] = NodeStatus(node, True, drained, float(cmd.get("now", self.clock)))
+        return {"ok": True, "node": node.name}
+
+    def _heartbeat(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        st = self._node(cmd)
+        if not st.alive:
+            raise SchedulingError(f"node {st.node.name} was declared dead; register it again")
+        bad = cmd.get("unhealthy", [])
+        known = {d.index for d in st.node.devices}
+        if not isinstance(bad, list) or not all(isinstance(i, int) and i in known for i in bad):
+            raise SchedulingError(f"heartbeat {st.node.name}: 'unhealthy' must list device indices of the node")
+        st.last_heartbeat = max(st.last_heartbeat, float(cmd.get("now", self.clock)))
+        requeued = []
+        newly_bad = [i for i in bad if i not in st.unhealthy]
+        for jid in self._jobs_on(st.node.name):
+            p = self.jobs[jid].placement
+            assert p is not None
+            if any(t.node == st.node.name and set(t.devices) & set(newly_bad) for t in p.tasks):
+                self._requeue(jid, f"device failed on {st.node.name}")
+                requeued.append(jid)
+        for i in newly_bad:
+            self.index.set_health(st.node.name, i, False)
+        for i in [i for i in st.unhealthy if i not in bad]:
+            self.index.set_health(st.node.name, i, True, self._used_milli(st.node.name, i))
+        st.unhealthy = sorted(bad)
+        return {"ok": True, "requeued": requeued}
+
+    def _used_milli(self, node: str, index: int) -> int:
+        used = 0
+        for jid in self.running:
+            r = self.jobs[jid]
+            assert r.placement is not None
+            for t in r.placement.tasks:
+                if t.node == node and index in t.devices:
+                    used += r.job.gpu_milli
+        return used
+
+    def _submit_job(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        job = Job.from_wire(cmd.get("job"))
+        if job.id in self.jobs:
+            raise SchedulingError(f"job {job.id} already exists")
+        self.jobs[job.id] = JobRecord(job)
+        self.pending[job.id] = None
+        return {"ok": True, "job_id": job.id}
+
+    def _cancel_job(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        r = self._job(cmd)
+        if r.status in (SUCCEEDED, FAILED, CANCELLED):
+            raise SchedulingError(f"job {r.job.id} already ended ({r.status})")
+        if r.status == RUNNING:
+            self._release(r)
+            self.running.pop(r.job.id, None)
+        self.pending.pop(r.job.id, None)
+        r.status = CANCELLED
+        r.end_time = float(cmd.get("now", self.clock))
+        return {"ok": True}
+
+    def _job_finished(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        r = self._job(cmd)
+        if r.status != RUNNING:
+            raise SchedulingError(f"job {r.job.id} is not running ({r.status})")
+        self._release(r)
+        self.running.pop(r.job.id, None)
+        r.status = SUCCEEDED if cmd.get("ok", True) else FAILED
+        r.end_time = float(cmd.get("now", self.clock))
+        return {"ok": True}
+
+    def _checkpoint(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        r = self._job(cmd)
+        if r.status != RUNNING:
+            raise SchedulingError(f"job {r.job.id} is not running ({r.status})")
+        r.last_checkpoint = float(cmd.get("now", self.clock))
+        return {"ok": True}
+
+    def _node_dead(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        st = self._node(cmd)
+        requeued = []
+        for jid in self._jobs_on(st.node.name):
+            self._requeue(jid, f"node {st.node.name} died")
+            requeued.append(jid)
+        st.alive = False
+        self.index.set_schedulable(st.node.name, False)
+        return {"ok": True, "requeued": requeued}
+
+    def _drain(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        st = self._node(cmd)
+        st.drained = True
+        self.index.set_schedulable(st.node.name, False)
+        return {"ok": True, "running": self._jobs_on(st.node.name)}
+
+    def _undrain(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        st = self._node(cmd)
+        st.drained = False
+        self.index.set_schedulable(st.node.name, st.alive)
+        return {"ok": True}
+
+    def _set_queue(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        q = QueueConfig.from_wire(cmd.get("queue"))
+        self.queues[q.name] = q
+        return {"ok": True}
+
+    def _set_tenant(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        tenant = check_name(str(cmd.get("tenant", "")), "tenant")
+        w = cmd.get("weight")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or w <= 0:
+            raise SchedulingError(f"tenant {tenant}: weight must be a number > 0")
+        self.tenant_weights[tenant] = float(w)
+        return {"ok": True}
+
+    def _place_jobs(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        raw_p = cmd.get("placements", [])
+        raw_v = cmd.get("preemptions", [])
+        if not isinstance(raw_p, list) or not isinstance(raw_v, list):
+            raise SchedulingError("place_jobs: 'placements' and 'preemptions' must be lists")
+        placements = [Placement.from_wire(p) for p in raw_p]
+        now = float(cmd.get("now", self.clock))
+        preempted = []
+        for vid in raw_v:
+            r = self.jobs.get(vid) if isinstance(vid, str) else None
+            if r is not None and r.status == RUNNING and r.job.preemptible:
+                self._requeue(vid, "preempted")
+                preempted.append(vid)
+        accepted: list[str] = []
+        rejected: dict[str, str] = {}
+        for p in placements:
+            why = self._check(p)
+            if why is None:
+                try:
+                    take(self.index, self.jobs[p.job_id].job, p)
+                except SchedulingError as e:
+                    why = str(e)
+            if why is not None:
+                rejected[p.job_id] = why
+                continue
+            r = self.jobs[p.job_id]
+            r.status = RUNNING
+            r.placement = p
+            r.start_time = now
+            r.starts += 1
+            r.reason = ""
+            r.master_port = self._alloc_port(p.tasks[0].node)
+            self.pending.pop(p.job_id, None)
+            self.running[p.job_id] = None
+            accepted.append(p.job_id)
+        return {"ok": True, "accepted": accepted, "rejected": rejected, "preempted": preempted}
+
+    def _alloc_port(self, node: str) -> int | None:
+        used = self.ports.setdefault(node, set())
+        for port in range(PORT_BASE, PORT_BASE + PORT_RANGE):
+            if port not in used:
+                used.add(port)
+                return port
+        return None
+
+    def _check(self, p: Placement) -> str | None:
+        """Why placement ``p`` may not be applied now (stale or invalid), or None."""
+        r = self.jobs.get(p.job_id)
+        if r is None:
+            return "no such job"
+        if r.status != PENDING:
+            return f"job is {r.status}, not pending"
+        job = r.job
+        if len(p.tasks) != job.tasks:
+            return f"placement has {len(p.tasks)} tasks, job has {job.tasks}"
+        pred = compile_selector(job.selector)
+        nodes = []
+        for t in p.tasks:
+            st = self.nodes.get(t.node)
+            if st is None or not st.alive or st.drained:
+                return f"node {t.node} is not schedulable"
+            if len(t.devices) != job.devices_per_task:
+                return f"task {t.rank} has {len(t.devices)} devices, job wants {job.devices_per_task}"
+            by_index = {d.index: d for d in st.node.devices}
+            for i in t.devices:
+                d = by_index.get(i)
+                if d is None or not pred(d.attrs()):
+                    return f"device {t.node}/{i} does not match the job's selector"
+            nodes.append(st.node)
+        level = job.topology.level
+        if job.topology.required and level is not None:
+            if len({domain_of(n, level) for n in nodes}) != 1:
+                return f"tasks span more than one {level}"
+            if level == "island":
+                node = nodes[0]
+                by_index = {d.index: d for d in node.devices}
+                if len({by_index[i].island for t in p.tasks for i in t.devices}) > 1:
+                    return "devices span more than one island"
+        return None
