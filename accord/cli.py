@@ -44,6 +44,18 @@ def _kv(argv: list[str]) -> int:
     return cli_kv.kv_main(argv)
 
 
+def _jobs(argv: list[str]) -> int:
+    from accord import cli_jobs
+
+    return cli_jobs.jobs_main(argv)
+
+
+def _nodes(argv: list[str]) -> int:
+    from accord import cli_jobs
+
+    return cli_jobs.nodes_main(argv)
+
+
 def _simulate(argv: list[str]) -> int:
     from accord.raft import demo
 
@@ -55,6 +67,8 @@ _COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "dev": (_dev, "run a real local cluster of accord nodes on 127.0.0.1"),
     "status": (_status, "show every member of a cluster: leader, term, indexes"),
     "kv": (_kv, "read and write keys: `accord kv get|put|del KEY [VALUE]`"),
+    "jobs": (_jobs, "GPU jobs: `accord jobs submit|ls|show|cancel|watch`"),
+    "nodes": (_nodes, "GPU nodes: `accord nodes ls|drain|undrain|register|agent`"),
     "wal": (_wal, "inspect a node's write-ahead log: `accord wal check DIR`"),
     "simulate": (_simulate, "watch a simulated Raft cluster elect, replicate and fail over"),
 }
