@@ -87,22 +87,13 @@ def check_key(ops: list[Op], initial: Any = None, budget: int = 2_000_000) -> bo
     for i, op in enumerate(ops):
         if op.known:
             required |= 1 << i
-    seen: set[tuple[int, Any]] = set()
-    steps = 0
+    if required == 0:
+        return True
 
-    def search(done: int, state: Any) -> bool:
-        nonlocal steps
-        if done & required == required:
-            return True
-        key = (done, state)
-        if key in seen:
-            return False
-        seen.add(key)
-        steps += 1
-        if steps > budget:
-            raise RuntimeError(f"linearizability search gave up after {budget} states")
+    def moves(done: int, state: Any) -> list[tuple[int, Any]]:
         # The earliest response among pending ops bounds which ops may go next.
         horizon = min((ops[i].complete for i in range(n) if not done >> i & 1), default=INF)
+        out = []
         for i in range(n):
             if done >> i & 1:
                 continue
@@ -110,11 +101,28 @@ def check_key(ops: list[Op], initial: Any = None, budget: int = 2_000_000) -> bo
             if op.invoke > horizon:
                 break  # sorted by invocation: nothing later can go first
             ok, nxt = _step(op, state)
-            if ok and search(done | 1 << i, nxt):
-                return True
-        return False
+            if ok:
+                out.append((done | 1 << i, nxt))
+        return out
 
-    return search(0, initial)
+    # Depth-first search with an explicit stack (histories run to thousands of ops).
+    seen: set[tuple[int, Any]] = set()
+    stack = [iter([(0, initial)])]
+    while stack:
+        try:
+            done, state = next(stack[-1])
+        except StopIteration:
+            stack.pop()
+            continue
+        if done & required == required:
+            return True
+        if (done, state) in seen:
+            continue
+        seen.add((done, state))
+        if len(seen) > budget:
+            raise RuntimeError(f"linearizability search gave up after {budget} states")
+        stack.append(iter(moves(done, state)))
+    return False
 
 
 def check(history: Iterable[Op], initial: Any = None) -> list[Violation]:

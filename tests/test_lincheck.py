@@ -92,3 +92,13 @@ def test_a_read_of_a_value_never_written_is_caught(h: list[Op], data: st.DataObj
     op = h[i]
     h[i] = Op(op.key, "read", op.invoke, op.complete, 99)
     assert check(h) != []
+
+
+def test_long_histories_do_not_exhaust_the_stack() -> None:
+    h = []
+    for i in range(1200):  # 2,400 operations: deeper than the default recursion limit
+        h.append(Op(K, "write", 2 * i, 2 * i + 1, i))
+        h.append(Op(K, "read", 2 * i + 1.5, 2 * i + 1.9, i))
+    assert check(h) == []
+    h[-1] = Op(K, "read", h[-1].invoke, h[-1].complete, 0)
+    assert check(h) != []
