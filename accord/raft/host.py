@@ -601,6 +601,11 @@ class MultiRaftHost:
         for g, rd in readies:
             for m in rd.messages:
                 self._send(g, m)
+            if rd.snapshot is None:
+                # Committed entries are durable on a quorum already: apply them while
+                # this node's own write (of new entries or of the commit index) is in
+                # flight, rather than after it. A snapshot to install waits for its write.
+                self._hand_out(g, rd)
             if rd.snapshot is not None or rd.entries or rd.hard_state is not None:
                 batch.add(g.id, hard_state=rd.hard_state, entries=rd.entries,
                           snapshot=rd.snapshot.meta if rd.snapshot is not None else None)
@@ -630,16 +635,11 @@ class MultiRaftHost:
             g.pending_restore = rd.snapshot
             self._apply_ready.add(g)
             self._apply_wake.set()
-        if rd.committed_entries:
-            g.apply_queue.extend(rd.committed_entries)
-            self._apply_ready.add(g)
-            self._apply_wake.set()
-        for rs in rd.read_states:
-            issued = g.reads_issued.pop(rs.request_ctx, None)
-            if issued:
-                for f in issued[1]:
-                    g.reads_waiting.append(_ReadWaiter(f, rs.index))
+            self._hand_out(g, rd)
         g.core.advance(rd)
+        if g.applied - g.last_snapshot_index >= self.config.snapshot_entries:
+            self._apply_ready.add(g)  # the apply task checks again whether to snapshot
+            self._apply_wake.set()
         if g.reads_waiting:
             self._release_reads(g)
         cs = g.core.conf_state
@@ -653,6 +653,18 @@ class MultiRaftHost:
             if self._quiesce and follower_can_quiesce(g.core, g.quiesce_from):
                 self._active.discard(g)
             g.quiesce_from = NO_NODE
+
+    def _hand_out(self, g: Group, rd: Ready) -> None:
+        """Queue ``rd``'s committed entries for the apply task; note its ReadIndex answers."""
+        if rd.committed_entries:
+            g.apply_queue.extend(rd.committed_entries)
+            self._apply_ready.add(g)
+            self._apply_wake.set()
+        for rs in rd.read_states:
+            issued = g.reads_issued.pop(rs.request_ctx, None)
+            if issued:
+                for f in issued[1]:
+                    g.reads_waiting.append(_ReadWaiter(f, rs.index))
 
     def _pending_conf(self, g: Group, cs: ConfState) -> None:
         # Persist the membership in force with the next batch: recovery then starts
@@ -791,6 +803,11 @@ class MultiRaftHost:
 
     async def _take_snapshot(self, g: Group) -> None:
         index, term = g.applied, g.applied_term
+        if g.core.applied_index < index:
+            # The core has not yet been told these entries were handed out (its
+            # advance() comes after this node's write): its membership may not include
+            # a change among them. Snapshot on a later pass.
+            return
         meta = SnapshotMeta(index=index, term=term, conf_state=g.core.conf_state)
         serialize = g.sm.prepare_snapshot()
 
