@@ -53,7 +53,11 @@ def _status(args: argparse.Namespace) -> int:
     for m in members:
         row: dict[str, Any] = {"name": m.name, "id": f"{m.ID:x}",
                                "client": ",".join(m.clientURLs), "peer": ",".join(m.peerURLs)}
-        ep = m.clientURLs[0].removeprefix("http://") if m.clientURLs else ""
+        if not m.clientURLs:
+            row.update(error="no client URL published yet (the member may be starting)")
+            rows.append(row)
+            continue
+        ep = m.clientURLs[0].removeprefix("http://")
         try:
             st = _first([ep], lambda ch: _stubs.MaintenanceStub(ch).Status(
                 rpc_pb2.StatusRequest(), timeout=2.0))
@@ -63,9 +67,10 @@ def _status(args: argparse.Namespace) -> int:
         except grpc.RpcError as e:
             row.update(error=e.details() or e.code().name)
         rows.append(row)
+    ok = all("error" not in r for r in rows)
     if args.json:
         print(json.dumps(rows))
-        return 0
+        return 0 if ok else 1
     print(f"{'NAME':<10} {'ID':<17} {'CLIENT':<24} {'LEADER':<6} {'TERM':>5} "
           f"{'INDEX':>8} {'APPLIED':>8}  STATE")
     for r in rows:
@@ -73,7 +78,7 @@ def _status(args: argparse.Namespace) -> int:
         print(f"{r['name']:<10} {r['id']:<17} {r['client']:<24} "
               f"{'*' if r.get('leader') else '':<6} {r.get('term', ''):>5} "
               f"{r.get('index', ''):>8} {r.get('applied', ''):>8}  {state}")
-    return 0 if all("error" not in r for r in rows) else 1
+    return 0 if ok else 1
 
 
 def _prefix_end(key: bytes) -> bytes:

@@ -110,6 +110,22 @@ class ProcCluster:
             self.start(node)
         for node in self.nodes:
             self.wait_serving(node)
+        self.wait_published()
+
+    def wait_published(self, timeout: float = 30.0) -> None:
+        """Wait until every member has published its client URLs (through the meta group)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for n in self.nodes:
+                if n.proc is None or n.proc.poll() is not None or n.paused:
+                    continue
+                with contextlib.suppress(grpc.RpcError):
+                    members = rpc_pb2_grpc.ClusterStub(n.channel()).MemberList(
+                        rpc_pb2.MemberListRequest(), timeout=1.0).members
+                    if len(members) == len(self.nodes) and all(m.clientURLs for m in members):
+                        return
+            time.sleep(0.05)
+        raise AssertionError(f"members did not publish their client URLs within {timeout}s")
 
     def wait_serving(self, node: ProcNode, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
