@@ -15,7 +15,7 @@ from accord.services.kv.local import LocalBackend
 from tests.locks.inproc import serve_local
 
 ETCDCTL = shutil.which("etcdctl")
-pytestmark = pytest.mark.skipif(ETCDCTL is None, reason="etcdctl (Debian etcd-client) not installed")
+"""The real etcdctl; scripts/test installs it, and its absence fails the tests that need it."""
 
 
 @pytest.fixture
@@ -25,7 +25,9 @@ async def server() -> AsyncIterator[tuple[str, LocalBackend]]:
 
 
 async def _etcdctl(endpoint: str, *args: str) -> asyncio.subprocess.Process:
-    assert ETCDCTL is not None
+    assert ETCDCTL is not None, (
+        "etcdctl is not installed: install Debian's etcd-client (scripts/test does it as root)"
+    )
     return await asyncio.create_subprocess_exec(
         ETCDCTL, f"--endpoints={endpoint}", "--dial-timeout=3s", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
