@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import grpc
@@ -31,7 +32,9 @@ import grpc
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.services.kv.backend import Backend, MemberInfo
 from accord.services.kv.errors import EtcdError
-from accord.services.kv.servicer import fill_header
+from accord.services.kv.servicer import fill_header, or_abort
+
+T = TypeVar("T")
 
 SNAPSHOT_MAGIC = b"ACCORDSN"
 SNAPSHOT_FORMAT = 1
@@ -99,8 +102,10 @@ def _check_urls(urls: Sequence[str]) -> None:
             raise EtcdError(grpc.StatusCode.INVALID_ARGUMENT, MSG_BAD_URLS, f"path in {url!r}")
 
 
-async def _abort(context: grpc.aio.ServicerContext, e: EtcdError) -> None:
-    await context.abort(e.code, e.message)
+async def _with_checked_urls(urls: Sequence[str], call: Callable[[], Awaitable[T]]) -> T:
+    """Validate member URLs (etcd's rules), then make the backend call."""
+    _check_urls(urls)
+    return await call()
 
 
 class ClusterServicer(rpc_pb2_grpc.ClusterServicer):
@@ -117,11 +122,7 @@ class ClusterServicer(rpc_pb2_grpc.ClusterServicer):
         self, request: rpc_pb2.MemberListRequest, context: grpc.aio.ServicerContext
     ) -> rpc_pb2.MemberListResponse:
         """Every member."""
-        try:
-            members = await self._b.members(request.linearizable)
-        except EtcdError as e:
-            await _abort(context, e)
-            raise
+        members = await or_abort(context, self._b.members(request.linearizable))
         resp = rpc_pb2.MemberListResponse(members=[_member_pb(m) for m in members])
         self._header(resp)
         return resp
@@ -130,12 +131,10 @@ class ClusterServicer(rpc_pb2_grpc.ClusterServicer):
         self, request: rpc_pb2.MemberAddRequest, context: grpc.aio.ServicerContext
     ) -> rpc_pb2.MemberAddResponse:
         """Add a member (a node joining)."""
-        try:
-            _check_urls(request.peerURLs)
-            added, members = await self._b.member_add(list(request.peerURLs), request.isLearner)
-        except EtcdError as e:
-            await _abort(context, e)
-            raise
+        urls = list(request.peerURLs)
+        added, members = await or_abort(
+            context, _with_checked_urls(urls, lambda: self._b.member_add(urls, request.isLearner))
+        )
         resp = rpc_pb2.MemberAddResponse(
             member=_member_pb(added), members=[_member_pb(m) for m in members]
         )
@@ -146,11 +145,7 @@ class ClusterServicer(rpc_pb2_grpc.ClusterServicer):
         self, request: rpc_pb2.MemberRemoveRequest, context: grpc.aio.ServicerContext
     ) -> rpc_pb2.MemberRemoveResponse:
         """Remove a member (a node leaving)."""
-        try:
-            members = await self._b.member_remove(request.ID)
-        except EtcdError as e:
-            await _abort(context, e)
-            raise
+        members = await or_abort(context, self._b.member_remove(request.ID))
         resp = rpc_pb2.MemberRemoveResponse(members=[_member_pb(m) for m in members])
         self._header(resp)
         return resp
@@ -159,12 +154,10 @@ class ClusterServicer(rpc_pb2_grpc.ClusterServicer):
         self, request: rpc_pb2.MemberUpdateRequest, context: grpc.aio.ServicerContext
     ) -> rpc_pb2.MemberUpdateResponse:
         """Change a member's peer URLs."""
-        try:
-            _check_urls(request.peerURLs)
-            members = await self._b.member_update(request.ID, list(request.peerURLs))
-        except EtcdError as e:
-            await _abort(context, e)
-            raise
+        urls = list(request.peerURLs)
+        members = await or_abort(
+            context, _with_checked_urls(urls, lambda: self._b.member_update(request.ID, urls))
+        )
         resp = rpc_pb2.MemberUpdateResponse(members=[_member_pb(m) for m in members])
         self._header(resp)
         return resp
@@ -173,11 +166,7 @@ class ClusterServicer(rpc_pb2_grpc.ClusterServicer):
         self, request: rpc_pb2.MemberPromoteRequest, context: grpc.aio.ServicerContext
     ) -> rpc_pb2.MemberPromoteResponse:
         """Promote a learner to voter."""
-        try:
-            members = await self._b.member_promote(request.ID)
-        except EtcdError as e:
-            await _abort(context, e)
-            raise
+        members = await or_abort(context, self._b.member_promote(request.ID))
         resp = rpc_pb2.MemberPromoteResponse(members=[_member_pb(m) for m in members])
         self._header(resp)
         return resp
@@ -196,11 +185,7 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
         self, request: rpc_pb2.StatusRequest, context: grpc.aio.ServicerContext
     ) -> rpc_pb2.StatusResponse:
         """This member's version, sizes, leader, Raft indexes and alarms."""
-        try:
-            st = await self._b.status()
-        except EtcdError as e:
-            await _abort(context, e)
-            raise
+        st = await or_abort(context, self._b.status())
         resp = rpc_pb2.StatusResponse(
             version=st.version,
             dbSize=st.db_size,
@@ -219,11 +204,7 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
         self, request: rpc_pb2.AlarmRequest, context: grpc.aio.ServicerContext
     ) -> rpc_pb2.AlarmResponse:
         """GET, ACTIVATE or DEACTIVATE alarms."""
-        try:
-            alarms = await self._b.alarm(request)
-        except EtcdError as e:
-            await _abort(context, e)
-            raise
+        alarms = await or_abort(context, self._b.alarm(request))
         resp = rpc_pb2.AlarmResponse(
             alarms=[rpc_pb2.AlarmMember(memberID=m, alarm=a) for m, a in alarms]  # type: ignore[arg-type]
         )
@@ -234,11 +215,7 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
         self, request: rpc_pb2.DefragmentRequest, context: grpc.aio.ServicerContext
     ) -> rpc_pb2.DefragmentResponse:
         """Reclaim space on this member."""
-        try:
-            await self._b.defragment()
-        except EtcdError as e:
-            await _abort(context, e)
-            raise
+        await or_abort(context, self._b.defragment())
         resp = rpc_pb2.DefragmentResponse()
         await self._simple(context, resp)
         return resp
@@ -247,11 +224,7 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
         self, request: rpc_pb2.HashRequest, context: grpc.aio.ServicerContext
     ) -> rpc_pb2.HashResponse:
         """Hash of this member's whole store."""
-        try:
-            h = await self._b.hash()
-        except EtcdError as e:
-            await _abort(context, e)
-            raise
+        h = await or_abort(context, self._b.hash())
         resp = rpc_pb2.HashResponse(hash=h)
         await self._simple(context, resp)
         return resp
@@ -260,11 +233,7 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
         self, request: rpc_pb2.HashKVRequest, context: grpc.aio.ServicerContext
     ) -> rpc_pb2.HashKVResponse:
         """Hash of the MVCC keys up to a revision (comparable across members)."""
-        try:
-            r = await self._b.hash_kv(request.revision)
-        except EtcdError as e:
-            await _abort(context, e)
-            raise
+        r = await or_abort(context, self._b.hash_kv(request.revision))
         resp = rpc_pb2.HashKVResponse(hash=r.hash, compact_revision=r.compact_revision)
         fill_header(resp.header, self._b, r.revision)
         return resp
@@ -273,11 +242,7 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
         self, request: rpc_pb2.SnapshotRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rpc_pb2.SnapshotResponse]:
         """Stream an accord snapshot file (module docstring), 32 KiB per message."""
-        try:
-            revision, payload = await self._b.snapshot()
-        except EtcdError as e:
-            await _abort(context, e)
-            return
+        revision, payload = await or_abort(context, self._b.snapshot())
         blob = encode_snapshot_file(revision, payload)
         total = len(blob)
         for start in range(0, total, SNAPSHOT_CHUNK):
@@ -292,11 +257,7 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
         self, request: rpc_pb2.MoveLeaderRequest, context: grpc.aio.ServicerContext
     ) -> rpc_pb2.MoveLeaderResponse:
         """Transfer leadership."""
-        try:
-            await self._b.move_leader(request.targetID)
-        except EtcdError as e:
-            await _abort(context, e)
-            raise
+        await or_abort(context, self._b.move_leader(request.targetID))
         resp = rpc_pb2.MoveLeaderResponse()
         await self._simple(context, resp)
         return resp

@@ -40,13 +40,18 @@ def fill_header(header: rpc_pb2.ResponseHeader, backend: Backend, revision: int 
         header.revision = backend.revision
 
 
-async def answer(context: grpc.aio.ServicerContext, backend: Backend, call: Awaitable[R]) -> R:
-    """Await a backend call, stamp its header, or abort the RPC with the etcd error."""
+async def or_abort(context: grpc.aio.ServicerContext, call: Awaitable[R]) -> R:
+    """Await a backend call, or abort the RPC with the etcd error it raised."""
     try:
-        resp = await call
+        return await call
     except EtcdError as e:
         await context.abort(e.code, e.message)
         raise  # unreachable: abort raises
+
+
+async def answer(context: grpc.aio.ServicerContext, backend: Backend, call: Awaitable[R]) -> R:
+    """Await a backend call, stamp its header, or abort the RPC with the etcd error."""
+    resp = await or_abort(context, call)
     fill_header(resp.header, backend)  # type: ignore[attr-defined]
     return resp
 
