@@ -236,6 +236,8 @@ class MultiRaftHost:
         self._boot = boot_nonce & 0xFFFFFFFFFFFFFFFF
         self._tasks: list[asyncio.Task[None]] = []
         self._receivers: dict[tuple[int, int, int], SnapshotReceiver] = {}
+        self._snapshot_loads: set[asyncio.Task[None]] = set()
+        """Tasks reading a received snapshot file before its SNAP is stepped."""
         self._pending_compactions: list[tuple[int, SnapshotMeta]] = []
         self._pending_confs: list[tuple[int, int, ConfState]] = []
         self._fatal: BaseException | None = None
@@ -350,9 +352,10 @@ class MultiRaftHost:
 
     async def stop(self) -> None:
         """Cancel and await every task; fail every waiter."""
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._snapshot_loads]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
@@ -471,10 +474,12 @@ class MultiRaftHost:
                 self._handle_forwarded(g, msg)
                 continue
             if msg.type == MessageType.SNAP and msg.snapshot is not None and not msg.snapshot.data:
-                attached = self._attach_snapshot(g, msg)
-                if attached is None:
-                    continue
-                msg = attached
+                # Reading the received file may take a while: off the loop, then step.
+                task = asyncio.create_task(self._step_snapshot(g, msg),
+                                           name=f"snapshot-load-{g.id}")
+                self._snapshot_loads.add(task)
+                task.add_done_callback(self._snapshot_loads.discard)
+                continue
             g.core.step(msg)
             self._mark(g)
 
@@ -488,17 +493,19 @@ class MultiRaftHost:
                 return
         self._mark(g)
 
-    def _attach_snapshot(self, g: Group, msg: Message) -> Message | None:
+    async def _step_snapshot(self, g: Group, msg: Message) -> None:
+        """Attach the data of the snapshot file the stream delivered, then step the SNAP."""
         assert msg.snapshot is not None
         meta = msg.snapshot.meta
         info = self._snapshots.latest(g.id)
         if info is None or info.meta.index != meta.index or info.meta.term != meta.term:
             log.warning("group %d: SNAP for index %d without the received file; dropped",
                         g.id, meta.index)
-            return None
-        data = b"".join(self._snapshots.data_chunks(info))
+            return
+        data = await asyncio.to_thread(lambda: b"".join(self._snapshots.data_chunks(info)))
         msg.snapshot = Snapshot(meta, data)
-        return msg
+        g.core.step(msg)
+        self._mark(g)
 
     async def receive_snapshot_chunk(self, from_node: int, piece: SnapshotPiece) -> int:
         """Transport callback for snapshot streams (see ``OnSnapshotChunk``)."""
