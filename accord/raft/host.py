@@ -237,6 +237,7 @@ class MultiRaftHost:
         self._tasks: list[asyncio.Task[None]] = []
         self._receivers: dict[tuple[int, int, int], SnapshotReceiver] = {}
         self._snapshot_loads: set[asyncio.Task[None]] = set()
+        self._flush_forwarded = False
         """Tasks reading a received snapshot file before its SNAP is stepped."""
         self._pending_compactions: list[tuple[int, SnapshotMeta]] = []
         self._pending_confs: list[tuple[int, int, ConfState]] = []
@@ -428,7 +429,8 @@ class MultiRaftHost:
         msg = Message(MessageType.PROPOSE, to=leader, frm=self.node_id, term=core.term,
                       entries=[Entry(0, 0, EntryType.NORMAL, data)])
         self._transport.send(leader, g.id, msg)
-        self._transport.flush()
+        self._flush_forwarded = True  # one flush per turn for every forwarded proposal
+        self._wake.set()
 
     async def read_barrier(self, group_id: int, timeout: float | None = None) -> None:
         """Wait until a linearizable read of the group may be served locally."""
@@ -592,6 +594,9 @@ class MultiRaftHost:
         self._stopped.set()
 
     async def _turn(self) -> None:
+        if self._flush_forwarded:
+            self._flush_forwarded = False
+            self._transport.flush()
         dirty, self._dirty = self._dirty, set()
         readies: list[tuple[Group, Ready]] = []
         for g in dirty:
