@@ -110,7 +110,6 @@ class ReplicatedBackend(StateMachineBackend):
     def __init__(self, node: Node, sm: KVStateMachine) -> None:
         super().__init__(sm)
         self.node = node
-        self._size_cache: tuple[int, int] = (-1, 0)
 
     @property
     def _group(self) -> Any:
@@ -192,12 +191,22 @@ class ReplicatedBackend(StateMachineBackend):
         )
 
     async def _db_size(self) -> int:
-        rev, size = self._size_cache
-        if rev != self.sm.revision:
-            data = await asyncio.to_thread(self.sm.prepare_snapshot())
-            size = len(data)
-            self._size_cache = (self.sm.revision, size)
-        return size
+        """Bytes this member keeps on disk (log segments and snapshots), like etcd's dbSize.
+
+        A stat of the data directory's files, off the loop: clients such as Kubernetes
+        poll Status, so it must not serialize the store.
+        """
+        root = self.node.data_dir
+
+        def walk() -> int:
+            total = 0
+            for p in root.rglob("*"):
+                with contextlib.suppress(FileNotFoundError):  # a segment deleted meanwhile
+                    if p.is_file():
+                        total += p.stat().st_size
+            return total
+
+        return await asyncio.to_thread(walk)
 
     async def snapshot(self) -> tuple[int, bytes]:
         rev = self.sm.revision
