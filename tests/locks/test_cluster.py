@@ -108,14 +108,14 @@ async def test_paused_holder_past_its_ttl_has_its_guarded_write_refused(
         try:
             lock = await asyncio.wait_for(client.lock("fence/a", ttl=2).acquire(), 20)
             assert lock.token > first["token"]
-            await lock.guarded_put("data/fence-a", "second")
+            await lock.guarded_put("fence/a-data", "second")
         finally:
             os.kill(h.proc.pid, signal.SIGCONT)
-        answer = await h.ask("write data/fence-a first-resumed")
+        answer = await h.ask("write fence/a-data first-resumed")
         assert answer["ok"] is False and answer["current"] == lock.token
         assert answer["lost"] is True  # the holder's own signal: its session ran out
         assert f"fencing token {first['token']} is stale" in answer["error"]
-        assert (await client.get("data/fence-a")).value == b"second"  # type: ignore[union-attr]
+        assert (await client.get("fence/a-data")).value == b"second"  # type: ignore[union-attr]
         await lock.release()
 
 
@@ -129,7 +129,7 @@ async def test_holder_keeps_the_lock_when_its_node_is_killed(
         await asyncio.to_thread(cluster.kill, victim)
         try:
             await asyncio.sleep(2.0)
-            answer = await h.ask("write data/fence-b holder-after-kill")
+            answer = await h.ask("write fence/b-data holder-after-kill")
             assert answer["ok"] is True and answer["lost"] is False
             assert not waiter.done()
             assert (await h.ask("release"))["ok"] is True
@@ -155,13 +155,13 @@ async def test_waiter_survives_three_leader_changes_in_a_row(
         await restart(cluster, leader)
         assert not waiter.done()
     assert terms == sorted(set(terms))
-    await first.guarded_put("data/fence-c", "first")
+    await first.guarded_put("fence/c-data", "first")
     await first.release()
     second = await asyncio.wait_for(waiter, 20)
     assert second.token > first.token
-    await second.guarded_put("data/fence-c", "second")
+    await second.guarded_put("fence/c-data", "second")
     with pytest.raises(FencedWriteRejected):
-        await first.guarded_put("data/fence-c", "first-again")
+        await first.guarded_put("fence/c-data", "first-again")
     await second.release()
 
 
@@ -201,7 +201,7 @@ async def test_mutual_exclusion_under_leader_kills_and_pauses(cluster: ProcClust
             seq = 0
             while not stop.is_set():
                 try:
-                    lock = await asyncio.wait_for(c.lock("mx", ttl=2).acquire(), 15)
+                    lock = await asyncio.wait_for(c.lock("mx/lock", ttl=2).acquire(), 15)
                 except (TimeoutError, LockError, ClientError):
                     continue
                 assert lock.holding is not None
@@ -216,7 +216,7 @@ async def test_mutual_exclusion_under_leader_kills_and_pauses(cluster: ProcClust
                     value = f"{lock.token}:{wid}:{seq}".encode()
                     try:
                         await lock.guarded_txn([rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(
-                            key=b"mxdata/log", value=value))])
+                            key=b"mx/log", value=value))])
                     except FencedWriteRejected:
                         refused.append(value)
                     except ClientError:
@@ -247,7 +247,7 @@ async def test_mutual_exclusion_under_leader_kills_and_pauses(cluster: ProcClust
         for w in workers:
             w.cancel()
     async with AccordClient(endpoints(cluster), call_timeout_s=2.0) as c:
-        committed = await _history(c, b"mxdata/log")
+        committed = await _history(c, b"mx/log")
     print(f"grants={len(grants)} committed={len(committed)} refused={len(refused)}")
     assert len(grants) >= 3 and len(committed) >= 3
     assert check(grants, committed, refused) == []

@@ -23,6 +23,8 @@ the client should see (the servicers turn it into ``context.abort(code, message)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -30,9 +32,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from accord.proto import rpc_pb2
-from accord.services.kv import errors
+from accord.services.kv import errors, fanout, sharding
+from accord.services.kv.errors import EtcdError
 
 if TYPE_CHECKING:
+    from accord.services.kv.shardwatch import ShardedWatchHub
     from accord.services.kv.statemachine import KVStateMachine
     from accord.services.kv.watchhub import WatchHub
 
@@ -138,7 +142,7 @@ class Backend(Protocol):
         ...
 
     @property
-    def watch_hub(self) -> WatchHub:
+    def watch_hub(self) -> WatchHub | ShardedWatchHub:
         """The hub that serves watchers on this member."""
         ...
 
@@ -245,28 +249,62 @@ def now_ms() -> int:
 
 
 class StateMachineBackend(ABC):
-    """The KV and lease half of :class:`Backend`, on top of one ``KVStateMachine``.
+    """The KV and lease half of :class:`Backend`, on top of one ``KVStateMachine`` per shard.
 
     Writes are validated first (so bad input, including a request over the size limit, is
     refused before it is proposed and changes nothing), encoded with the state machine's
-    static encoders and handed to :meth:`commit`. Reads call :meth:`read_barrier` first
-    unless they are serializable. While a NOSPACE alarm is raised, requests that would add
-    data (Put, a Txn with a Put, LeaseGrant) fail with etcd's "database space exceeded";
-    reads and deletions still work, as in etcd, so space can be freed.
+    static encoders and handed to :meth:`commit` for the shard of their key. Reads call
+    :meth:`read_barrier` first unless they are serializable. While a NOSPACE alarm is
+    raised, requests that would add data (Put, a Txn with a Put, LeaseGrant) fail with
+    etcd's "database space exceeded"; reads and deletions still work, as in etcd.
+
+    With several shards (``accord/services/kv/sharding.py`` says which key is where):
+
+    * a linearizable range over several shards passes a ReadIndex barrier on each, picks
+      R = the highest of their revisions (or the requested revision), floors every shard
+      that is behind at R (a Raft entry that raises its revision without a change, so no
+      shard ever writes at or below R afterwards), then reads each shard at R and merges:
+      one consistent snapshot at R, and a watch from R+1 misses nothing;
+    * a DeleteRange over several shards deletes each shard's part in that shard's own
+      revision (not one atomic step: each part is);
+    * a Txn must stay on one shard, else it is refused with an error naming the shards;
+    * leases live on shard 0 (their clock, TTL, keepalives and expiry); a grant and a
+      revocation are also applied on every other shard, which keeps the set of live lease
+      ids and the keys attached there, so a Put with a lease is checked where it applies,
+      and a revocation deletes the lease's keys on every shard;
+    * Compact(R) floors and compacts every shard at R.
     """
 
-    def __init__(self, sm: KVStateMachine) -> None:
-        self.sm = sm
+    def __init__(self, machines: KVStateMachine | Sequence[KVStateMachine]) -> None:
+        from accord.services.kv.statemachine import KVStateMachine
+
+        self.machines: list[KVStateMachine] = (
+            [machines] if isinstance(machines, KVStateMachine) else list(machines)
+        )
+        if not self.machines:
+            raise ValueError("a backend needs at least one shard")
+        self.sm = self.machines[0]
+        """Shard 0: the home of leases, and the only shard of a one-shard store."""
+        self.shards = len(self.machines)
         self.alarms = AlarmTable()
+        self._hub: WatchHub | ShardedWatchHub = self.sm.watch_hub
+        if self.shards > 1:
+            from accord.services.kv.shardwatch import ShardedWatchHub
+
+            n = self.shards
+            self._hub = ShardedWatchHub(
+                [m.watch_hub for m in self.machines],
+                lambda key, end: sharding.shards_of_range(key, end, n),
+            )
 
     # --- what a subclass supplies ---------------------------------------------------------
     @abstractmethod
-    async def commit(self, command: bytes) -> Any:
-        """Replicate ``command`` and return what applying it returned (or raise its error)."""
+    async def commit(self, command: bytes, shard: int = 0) -> Any:
+        """Replicate ``command`` on ``shard``; return what applying it returned (or raise)."""
 
     @abstractmethod
-    async def read_barrier(self) -> None:
-        """Return once this member has applied everything committed before the call."""
+    async def read_barrier(self, shard: int = 0) -> None:
+        """Return once this member has applied everything ``shard`` committed before."""
 
     def lease_clock(self) -> tuple[int, int]:
         """``(now_ms, term)`` stamped on lease commands.
@@ -279,56 +317,136 @@ class StateMachineBackend(ABC):
     # --- shared ---------------------------------------------------------------------------
     @property
     def revision(self) -> int:
-        """The state machine's current revision."""
-        return int(self.sm.revision)
+        """The highest revision applied on this member over all shards."""
+        return max(int(m.revision) for m in self.machines)
 
     @property
-    def watch_hub(self) -> WatchHub:
-        """The state machine's watch hub."""
-        return self.sm.watch_hub
+    def watch_hub(self) -> WatchHub | ShardedWatchHub:
+        """The watch hub over every shard (one shard: that shard's own hub)."""
+        return self._hub
+
+    def shard_of(self, key: bytes) -> int:
+        """The shard that holds ``key``."""
+        return sharding.shard_of(key, self.shards)
 
     def _check_space(self) -> None:
         if self.alarms.has(rpc_pb2.NOSPACE):
             raise errors.NO_SPACE
 
+    async def _each(self, shards: Sequence[int], make: Any) -> list[Any]:
+        """Run ``make(shard)`` for every shard at once; the first error is raised."""
+        if len(shards) == 1:
+            return [await make(shards[0])]
+        return list(await asyncio.gather(*(make(s) for s in shards)))
+
+    async def floor(self, shards: Sequence[int], revision: int) -> None:
+        """Raise every given shard that is behind ``revision`` to it, through its log."""
+        behind = [s for s in shards if self.machines[s].revision < revision]
+        if behind:
+            enc = self.sm.encode_floor(revision)
+            await self._each(behind, lambda s: self.commit(enc, s))
+
     async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
         """Linearizable (or, with ``serializable``, local) range read."""
         self.sm.validate_range(req)
-        if not req.serializable:
-            await self.read_barrier()
-        return self.sm.range(req)
+        shards = sharding.shards_of_range(req.key, req.range_end, self.shards)
+        if len(shards) == 1:
+            sm = self.machines[shards[0]]
+            if not req.serializable:
+                await self.read_barrier(shards[0])
+            return sm.range(req)
+        if req.serializable:
+            # Local and possibly stale, as etcd's serializable reads: each shard as of the
+            # requested revision or its own latest, whichever is lower.
+            top = max(self.machines[s].revision for s in shards)
+            rev = req.revision if req.revision > 0 else top
+            if rev > top:
+                raise errors.FUTURE_REV
+            parts = [
+                self.machines[s].range(
+                    fanout.per_shard_request(req, min(rev, self.machines[s].revision)))
+                for s in shards
+            ]
+            return fanout.merge_ranges(req, parts, rev, self.sm.limits)
+        await self._each(shards, self.read_barrier)
+        top = max(self.machines[s].revision for s in shards)
+        rev = req.revision if req.revision > 0 else top
+        if rev > top:
+            raise errors.FUTURE_REV
+        await self.floor(shards, rev)
+        sub = fanout.per_shard_request(req, rev)
+        parts = [self.machines[s].range(sub) for s in shards]
+        return fanout.merge_ranges(req, parts, rev, self.sm.limits)
 
     async def put(self, req: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
-        """Validate, encode and commit a Put."""
+        """Validate, encode and commit a Put on its key's shard."""
         self._check_space()
         self.sm.validate_put(req)
-        result: rpc_pb2.PutResponse = await self.commit(self.sm.encode_put(req))
+        result: rpc_pb2.PutResponse = await self.commit(
+            self.sm.encode_put(req), self.shard_of(req.key))
         return result
 
     async def delete_range(self, req: rpc_pb2.DeleteRangeRequest) -> rpc_pb2.DeleteRangeResponse:
-        """Validate, encode and commit a DeleteRange."""
+        """Validate, encode and commit a DeleteRange on every shard it may touch."""
         self.sm.validate_delete_range(req)
-        result: rpc_pb2.DeleteRangeResponse = await self.commit(self.sm.encode_delete_range(req))
-        return result
+        enc = self.sm.encode_delete_range(req)
+        shards = sharding.shards_of_range(req.key, req.range_end, self.shards)
+        parts = await self._each(shards, lambda s: self.commit(enc, s))
+        if len(parts) == 1:
+            result: rpc_pb2.DeleteRangeResponse = parts[0]
+            return result
+        return fanout.merge_deletes(parts)
 
     async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
-        """Validate, then serve a read-only Txn as a read, or encode and commit it."""
+        """Validate, then serve a read-only Txn as a read, or encode and commit it.
+
+        A Txn whose keys lie on several shards is refused (it could not be atomic)."""
         self.sm.validate_txn(req)
-        if self.sm.is_read_only_txn(req):
+        shard = 0
+        if self.shards > 1:
+            touched = sharding.shards_of_txn(req, self.shards)
+            if len(touched) > 1:
+                raise sharding.txn_spans_shards(touched)
+            shard = next(iter(touched), 0)
+        sm = self.machines[shard]
+        if sm.is_read_only_txn(req):
             # As etcd does: a Txn that cannot write is a read, linearizable through
             # ReadIndex, with no log entry.
-            await self.read_barrier()
-            return self.sm.read_txn(req)
+            await self.read_barrier(shard)
+            return sm.read_txn(req)
         if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
             self._check_space()
-        result: rpc_pb2.TxnResponse = await self.commit(self.sm.encode_txn(req))
+        result: rpc_pb2.TxnResponse = await self.commit(self.sm.encode_txn(req), shard)
         return result
 
     async def compact(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
-        """Validate, encode and commit a compaction."""
-        self.sm.validate_compact(req)
-        result: rpc_pb2.CompactionResponse = await self.commit(self.sm.encode_compact(req))
-        return result
+        """Validate, encode and commit a compaction on every shard (floored at it first)."""
+        if self.shards == 1:
+            self.sm.validate_compact(req)
+            result: rpc_pb2.CompactionResponse = await self.commit(self.sm.encode_compact(req))
+            return result
+        if req.revision <= max(m.compact_revision for m in self.machines):
+            raise errors.COMPACTED
+        if req.revision > self.revision:
+            raise errors.FUTURE_REV
+        enc = self.sm.encode_compact(req, min_revision=req.revision)
+        parts = await self._each(range(self.shards), lambda s: self.commit(enc, s))
+        resp = rpc_pb2.CompactionResponse()
+        resp.header.revision = max(p.header.revision for p in parts)
+        return resp
+
+    # --- leases ---------------------------------------------------------------------------
+    async def _on_other_shards(self, command: bytes, tolerate: tuple[EtcdError, ...]) -> None:
+        """Apply a lease command on shards 1..N-1; the tolerated errors count as done."""
+
+        async def one(s: int) -> None:
+            try:
+                await self.commit(command, s)
+            except EtcdError as e:
+                if not any(e.message == t.message for t in tolerate):
+                    raise
+
+        await self._each(range(1, self.shards), one)
 
     async def lease_grant(self, req: rpc_pb2.LeaseGrantRequest) -> rpc_pb2.LeaseGrantResponse:
         """Validate, encode and commit a lease grant stamped with this leader's clock."""
@@ -337,11 +455,28 @@ class StateMachineBackend(ABC):
         result: rpc_pb2.LeaseGrantResponse = await self.commit(
             self.sm.encode_lease_grant(req, *self.lease_clock())
         )
+        if self.shards > 1:
+            everywhere = rpc_pb2.LeaseGrantRequest(TTL=req.TTL, ID=result.ID)
+            try:
+                await self._on_other_shards(
+                    self.sm.encode_lease_grant(everywhere, *self.lease_clock()),
+                    (errors.LEASE_EXISTS,),
+                )
+            except EtcdError:
+                # Not usable on every shard: take it back (best effort: the lease loop
+                # reaps what is left) and let the client retry.
+                with contextlib.suppress(EtcdError):
+                    await self.lease_revoke(rpc_pb2.LeaseRevokeRequest(ID=result.ID))
+                raise
         return result
 
     async def lease_revoke(self, req: rpc_pb2.LeaseRevokeRequest) -> rpc_pb2.LeaseRevokeResponse:
-        """Encode and commit a lease revocation."""
-        result: rpc_pb2.LeaseRevokeResponse = await self.commit(self.sm.encode_lease_revoke(req))
+        """Encode and commit a lease revocation (its keys go on every shard)."""
+        enc = self.sm.encode_lease_revoke(req)
+        result: rpc_pb2.LeaseRevokeResponse = await self.commit(enc)
+        if self.shards > 1:
+            await self._on_other_shards(enc, (errors.LEASE_NOT_FOUND,))
+            result.header.revision = self.revision
         return result
 
     async def lease_keepalive(self, lease_id: int) -> int:
@@ -354,9 +489,18 @@ class StateMachineBackend(ABC):
     async def lease_time_to_live(
         self, req: rpc_pb2.LeaseTimeToLiveRequest
     ) -> rpc_pb2.LeaseTimeToLiveResponse:
-        """Linearizable lease read."""
+        """Linearizable lease read (with ``keys``: the lease's keys on every shard)."""
         await self.read_barrier()
-        return self.sm.lease_time_to_live(req, self.lease_clock()[0])
+        resp = self.sm.lease_time_to_live(req, self.lease_clock()[0])
+        if req.keys and self.shards > 1 and resp.TTL != -1:
+            others = list(range(1, self.shards))
+            await self._each(others, self.read_barrier)
+            keys = list(resp.keys)
+            for s in others:
+                keys.extend(self.machines[s].lease_keys(req.ID))
+            del resp.keys[:]
+            resp.keys.extend(sorted(keys))
+        return resp
 
     async def lease_leases(self) -> rpc_pb2.LeaseLeasesResponse:
         """Linearizable list of leases."""
@@ -366,24 +510,56 @@ class StateMachineBackend(ABC):
     async def expire_leases(self, limit: int = 1000) -> list[int]:
         """Leader duty: propose the expiry of every overdue lease; returns the ids revoked.
 
-        Call it periodically on the leader (a replicated backend passes its term through
-        :meth:`lease_clock`, so a new leader expires nothing before its first lease
-        command rebased the deadlines)."""
+        Call it periodically on shard 0's leader (a replicated backend passes its term
+        through :meth:`lease_clock`, so a new leader expires nothing before its first
+        lease command rebased the deadlines). The other shards then drop the leases and
+        their keys too."""
         now, term = self.lease_clock()
         ids = self.sm.expired_leases(now, term if term else None, limit)
         if not ids:
             return []
         result = await self.commit(self.sm.encode_lease_expire(ids, now, term))
-        return [int(i) for i in getattr(result, "revoked", ids)]
+        revoked = [int(i) for i in getattr(result, "revoked", ids)]
+        for lease_id in revoked:
+            await self._drop_elsewhere(lease_id)
+        return revoked
+
+    async def _drop_elsewhere(self, lease_id: int) -> None:
+        if self.shards > 1:
+            enc = self.sm.encode_lease_revoke(rpc_pb2.LeaseRevokeRequest(ID=lease_id))
+            await self._on_other_shards(enc, (errors.LEASE_NOT_FOUND,))
+
+    def stray_leases(self) -> set[int]:
+        """Lease ids some shard other than 0 still holds although shard 0 does not: left
+        behind by a revocation or an expiry interrupted between shards (or a grant that
+        has not reached shard 0's replica here yet: only reap ids seen twice, apart)."""
+        home = self.sm.leases.leases
+        return {i for m in self.machines[1:] for i in m.leases.leases if i not in home}
+
+    async def reap_stray_leases(self, ids: set[int]) -> None:
+        """Revoke the given stray lease ids on the shards that still hold them."""
+        for lease_id in sorted(ids):
+            if lease_id not in self.sm.leases.leases:
+                await self._drop_elsewhere(lease_id)
 
     async def alarm(self, req: rpc_pb2.AlarmRequest) -> list[tuple[int, int]]:
         """Alarms on this member's table."""
         return self.alarms.apply(req, self.header_info().member_id)
 
     async def hash_kv(self, revision: int) -> HashKVResult:
-        """Hash of the MVCC keys up to ``revision``."""
-        h, compact_rev = self.sm.hash_kv(revision)
-        return HashKVResult(int(h), int(compact_rev), self.revision)
+        """Hash of the MVCC keys up to ``revision`` (every shard's, combined)."""
+        if self.shards == 1:
+            h, compact_rev = self.sm.hash_kv(revision)
+            return HashKVResult(int(h), int(compact_rev), self.revision)
+        if revision > self.revision:
+            raise errors.FUTURE_REV
+        hashes = []
+        compact = 0
+        for m in self.machines:
+            h, c = m.hash_kv(min(revision, m.revision) if revision > 0 else 0)
+            hashes.append(h)
+            compact = max(compact, int(c))
+        return HashKVResult(fanout.combine_hashes(hashes), compact, self.revision)
 
     @abstractmethod
     def header_info(self) -> HeaderInfo:

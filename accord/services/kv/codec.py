@@ -32,6 +32,8 @@ class Kind(IntEnum):
     LEASE_CHECKPOINT = 7
     LEASE_EXPIRE = 8
     LEASE_KEEPALIVE = 9
+    FLOOR = 10
+    """Raise the revision to ``min_revision`` without a change (a cross-shard read's floor)."""
 
 
 class Command(NamedTuple):

@@ -279,11 +279,14 @@ class LocalBackend(StateMachineBackend):
         """This member is the leader of its own single-member cluster, in term 1."""
         return HeaderInfo(self.cluster_id, self.member_id, 1, self.member_id)
 
-    async def read_barrier(self) -> None:
+    async def read_barrier(self, shard: int = 0) -> None:
         """Nothing to wait for: every committed command is already applied here."""
 
-    async def commit(self, command: bytes) -> Any:
-        """Apply ``command`` (after logging it durably when there is a data directory)."""
+    async def commit(self, command: bytes, shard: int = 0) -> Any:
+        """Apply ``command`` (after logging it durably when there is a data directory);
+        a local backend has one shard."""
+        if shard != 0:
+            raise ValueError(f"the local backend has one shard, not shard {shard}")
         if self._closed:
             raise errors.EtcdError(errors.NO_LEADER.code, errors.MSG_NO_LEADER, "backend closed")
         if self._log is None:

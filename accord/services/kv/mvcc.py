@@ -124,6 +124,12 @@ class MVCCStore:
         """Start a write transaction; its revision is max(rev + 1, min_revision)."""
         return WriteTxn(self, max(self.rev + 1, min_revision))
 
+    def raise_floor(self, rev: int) -> None:
+        """Move the current revision up to ``rev`` with no change at it (a revision floor:
+        the next write gets a revision above ``rev``); lower values change nothing."""
+        if rev > self.rev:
+            self.rev = rev
+
     # --- compaction -------------------------------------------------------------------
     def compact(self, rev: int) -> None:
         """Drop versions superseded at or before ``rev``; raises etcd's errors."""

@@ -22,7 +22,8 @@ from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.services.kv import errors
 from accord.services.kv.backend import Backend
 from accord.services.kv.errors import EtcdError
-from accord.services.kv.watchhub import WatchBatch, Watcher
+from accord.services.kv.shardwatch import AnyWatcher
+from accord.services.kv.watchhub import WatchBatch
 
 R = TypeVar("R")
 
@@ -199,7 +200,7 @@ MSG_EMPTY_WATCH_RANGE = "mvcc: watcher range is empty"
 class _Entry:
     """One watcher of a stream: its hub watcher, the task pumping it, its options."""
 
-    watcher: Watcher
+    watcher: AnyWatcher
     fragment: bool
     progress_notify: bool
     task: asyncio.Task[None] | None = None

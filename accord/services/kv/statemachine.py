@@ -82,9 +82,10 @@ class KVStateMachine:
         return encode(Kind.TXN, req.SerializeToString(), min_revision=min_revision)
 
     @staticmethod
-    def encode_compact(req: rpc_pb2.CompactionRequest) -> bytes:
-        """A Compact command."""
-        return encode(Kind.COMPACT, req.SerializeToString())
+    def encode_compact(req: rpc_pb2.CompactionRequest, *, min_revision: int = 0) -> bytes:
+        """A Compact command (``min_revision``: floor the shard there first, so a shard
+        behind the others can be compacted at the cluster's revision)."""
+        return encode(Kind.COMPACT, req.SerializeToString(), min_revision=min_revision)
 
     @staticmethod
     def encode_lease_grant(req: rpc_pb2.LeaseGrantRequest, now_ms: int, term: int = 0) -> bytes:
@@ -118,6 +119,14 @@ class KVStateMachine:
             Kind.LEASE_EXPIRE, b"", now_ms=now_ms, term=term, ids=list(ids),
             min_revision=min_revision,
         )
+
+    @staticmethod
+    def encode_floor(revision: int) -> bytes:
+        """Raise the shard's revision to at least ``revision`` without changing a key.
+
+        A read across shards at revision R floors every shard it reads at R, so that no
+        shard ever writes at or below R afterwards and the read stays a true snapshot."""
+        return encode(Kind.FLOOR, b"", min_revision=revision)
 
     @staticmethod
     def encode_lease_keepalive(lease_id: int, now_ms: int, term: int = 0) -> bytes:
@@ -182,8 +191,12 @@ class KVStateMachine:
             if txn.is_read_only(tr):
                 return self._exec.txn(None, tr)
             return self._write(cmd.min_revision, lambda wt: self._exec.txn(wt, tr))
+        if kind == Kind.FLOOR:
+            self._store.raise_floor(cmd.min_revision)
+            return self._store.rev
         if kind == Kind.COMPACT:
             cr = _parse(rpc_pb2.CompactionRequest, cmd.payload)
+            self._store.raise_floor(cmd.min_revision)
             self._store.compact(cr.revision)
             resp = rpc_pb2.CompactionResponse()
             resp.header.revision = self._store.rev
@@ -300,6 +313,11 @@ class KVStateMachine:
         if req.keys:
             resp.keys.extend(sorted(lease.keys))
         return resp
+
+    def lease_keys(self, lease_id: int) -> list[bytes]:
+        """The keys of this shard attached to ``lease_id`` (none for an unknown lease)."""
+        lease = self._leases.leases.get(lease_id)
+        return sorted(lease.keys) if lease is not None else []
 
     def lease_leases(self) -> rpc_pb2.LeaseLeasesResponse:
         """Every live lease, soonest expiry first (etcd's order), ties by id."""

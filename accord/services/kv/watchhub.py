@@ -50,6 +50,20 @@ class WatchBatch:
     """An event-less progress notification: every event <= revision was delivered."""
 
 
+def batch_revision(batch: WatchBatch) -> int:
+    """The revision a batch is ordered by: its first event's (a replayed batch's header
+    revision is the store's, later than its events), or the header's if it has none."""
+    return batch.events[0].kv.mod_revision if batch.events else batch.revision
+
+
+def slow_reason(buffer_limit: int, resume_rev: int) -> str:
+    """The cancel reason of a watcher whose consumer fell too far behind."""
+    return (
+        f"accord: watcher too slow, buffer of {buffer_limit} events "
+        f"exceeded; re-create the watch from revision {resume_rev}"
+    )
+
+
 class Watcher:
     """One watch: its range, options, position and bounded buffer."""
 
@@ -133,8 +147,13 @@ class Watcher:
             if self._wake is not None:
                 self._wake.set()
 
-    def poll(self, max_events: int = 1000) -> WatchBatch | None:
-        """The next batch if one is ready (queued revisions merged up to ``max_events``)."""
+    def poll(self, max_events: int = 1000, until_rev: int | None = None) -> WatchBatch | None:
+        """The next batch if one is ready (queued revisions merged up to ``max_events``).
+
+        With ``until_rev`` (used by a merged watcher to interleave shards in revision
+        order) only batches whose revision is at most ``until_rev`` are merged into the
+        first one, and progress batches are never merged.
+        """
         if not self._queue and not self.synced and self._final is None:
             self._hub._refill(self)
         if self._queue:
@@ -142,6 +161,8 @@ class Watcher:
             while self._queue and len(batch.events) + len(self._queue[0].events) <= max_events:
                 nxt = self._queue[0]
                 if nxt.progress != batch.progress:
+                    break
+                if until_rev is not None and (nxt.progress or batch_revision(nxt) > until_rev):
                     break
                 self._queue.popleft()
                 batch.events.extend(nxt.events)
@@ -151,6 +172,34 @@ class Watcher:
                 self._hub._refill(self)
             return batch
         return self._final
+
+    def peek(self) -> WatchBatch | None:
+        """The next queued batch without taking it (replaying history first if none is
+        queued); ``None`` when nothing is queued, even if the watch has ended."""
+        if not self._queue and not self.synced and self._final is None:
+            self._hub._refill(self)
+        return self._queue[0] if self._queue else None
+
+    def resume_revision(self) -> int:
+        """The lowest revision whose events this watcher has not handed out yet: a watch
+        re-created from it misses nothing. After a slow-consumer cancel that is the
+        revision the cancel names, after a compaction the compaction revision. Not
+        meaningful after :meth:`close` (which drops what was queued)."""
+        for b in self._queue:
+            if b.events:
+                return batch_revision(b)
+        if self._final is not None:
+            return self._final.compact_revision or self._final.revision
+        if self.synced:
+            return max(self._hub.store.rev + 1, self.min_rev)
+        return self.next_rev
+
+    def share_wake(self, wake: asyncio.Event) -> None:
+        """Set ``wake`` whenever this watcher gets a batch or ends, so that one task can
+        wait on several watchers at once (see ``shardwatch.MergedWatcher``)."""
+        self._wake = wake
+        if self._queue or self._final is not None:
+            wake.set()
 
     async def next_batch(self, max_events: int = 1000) -> WatchBatch:
         """Wait for the next batch; after a cancel, returns the cancel batch again."""
@@ -255,10 +304,7 @@ class WatchHub:
                     WatchBatch(
                         rev,
                         canceled=True,
-                        cancel_reason=(
-                            f"accord: watcher too slow, buffer of {w.buffer_limit} events "
-                            f"exceeded; re-create the watch from revision {rev}"
-                        ),
+                        cancel_reason=slow_reason(w.buffer_limit, rev),
                     )
                 )
                 continue

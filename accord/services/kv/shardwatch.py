@@ -1,0 +1,357 @@
+"""A watch hub over many shards: one watch, one stream of batches, whatever the shards.
+
+When the key space is split over N shards (Raft groups), each shard's
+:class:`~accord.services.kv.statemachine.KVStateMachine` has its own
+:class:`~accord.services.kv.watchhub.WatchHub`. :class:`ShardedWatchHub` puts them behind
+the surface the Watch servicer uses on a single hub:
+
+* a watch whose range lives on one shard (``shards_of_range`` says so) is that shard's
+  own :class:`~accord.services.kv.watchhub.Watcher`, with no overhead at all;
+* any other watch is a :class:`MergedWatcher` over one sub-watcher per shard.
+
+Why this is correct: revisions are comparable across shards. Each shard's counter only
+grows, and a cross-shard read at revision R first raises every shard's counter to at
+least R (the *revision floor*), so no shard ever produces an event at a revision <= R
+after that read. Hence a start revision can be handed to every shard unchanged, and a
+revision that *every* shard has passed is one below which nothing can ever appear.
+
+Rules of a merged watcher:
+
+* Each shard's events keep their order. Among the batches ready at once the lowest
+  revision goes first: the sub-watcher with the lowest head is taken, merging its queued
+  revisions only up to the next-lowest head of another shard. Every change after the start
+  revision is delivered exactly once (each shard's own watcher guarantees that for its
+  keys, and the merged watcher takes each of their batches exactly once). Revisions are
+  *not* globally sorted across batches that become ready at different times: a lagging
+  shard may deliver revision 11 after another shard delivered 100.
+* A batch's header revision is that batch's own (its shard's).
+* Progress: a merged progress notification is produced only once every sub-watcher has
+  produced one for the same request, with the **minimum** of their revisions. Each
+  sub-watcher's notification says "every event of mine <= my revision was delivered"; only
+  the minimum is true of all of them at once, so only it keeps the promise "every event
+  <= revision was delivered" for the merged watch. For the same reason
+  :meth:`ShardedWatchHub.progress` is the minimum over the shard hubs. At most one
+  request is in flight per sub-watcher; requests made meanwhile are folded into one
+  follow-up round, which starts after the current one completes (so a request is always
+  answered by a round that started after it).
+* A cancel of any sub-watcher (compaction, slow consumer, node shutdown) cancels the
+  merged watcher and closes the others. A compaction cancel carries that shard's
+  ``compact_revision``. A slow-consumer cancel names the revision to re-create the watch
+  from: the lowest revision that some sub-watcher has not handed out yet (the shard that
+  overflowed may be ahead of the others; re-creating from its revision would lose events
+  still queued on a slower shard). Re-creating from it can repeat events of the faster
+  shards, never lose one.
+* Waiting: :meth:`MergedWatcher.next_batch` waits on one :class:`asyncio.Event` shared by
+  all its sub-watchers (:meth:`Watcher.share_wake`), so no task per sub-watcher.
+* Memory: a merged watcher buffers nothing of its own beyond one progress revision per
+  sub-watcher; each sub-watcher keeps its own bound (``buffer_limit`` events), so a merged
+  watcher over k shards holds at most k times that.
+* Watcher limit: each shard hub enforces its ``limits.max_watchers`` on its own watchers,
+  so a merged watcher over k shards takes one slot on each of those k shards (that is
+  where the memory is). Creation is all or nothing: if one shard refuses, the
+  sub-watchers already made are closed and the error is raised.
+
+Watcher ids: a merged watcher's id comes from this hub's own counter; a passthrough
+watcher keeps its shard's id. Ids are therefore unique per hub, not across shards; the
+Watch servicer assigns the ids clients see and does not use these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
+
+from accord.services.kv.watchhub import (
+    WatchBatch,
+    Watcher,
+    WatchHub,
+    batch_revision,
+    slow_reason,
+)
+
+ShardsOfRange = Callable[[bytes, bytes], list[int]]
+
+
+class MergedWatcher:
+    """One watch spread over several shards; see the module docstring for its rules."""
+
+    __slots__ = (
+        "_again",
+        "_final",
+        "_got",
+        "_on_end",
+        "_round",
+        "_subs",
+        "_wake",
+        "buffer_limit",
+        "id",
+        "progress_notify",
+    )
+
+    def __init__(
+        self,
+        wid: int,
+        subs: Sequence[Watcher],
+        progress_notify: bool,
+        on_end: Callable[[MergedWatcher], None],
+    ) -> None:
+        if len(subs) < 2:
+            raise ValueError(f"a merged watcher needs at least 2 sub-watchers, got {len(subs)}")
+        self.id = wid
+        self._subs = list(subs)
+        self.progress_notify = progress_notify
+        self.buffer_limit = subs[0].buffer_limit
+        self._on_end = on_end
+        self._final: WatchBatch | None = None
+        self._round = False
+        """A progress round is in flight: every sub-watcher was asked once."""
+        self._again = False
+        """A progress request arrived during the round: run another one after it."""
+        self._got: list[int | None] = [None] * len(self._subs)
+        """Per sub-watcher: the revision of its answer to the current round."""
+        self._wake = asyncio.Event()
+        for s in self._subs:
+            s.share_wake(self._wake)
+
+    # --- state ----------------------------------------------------------------------------
+    @property
+    def synced(self) -> bool:
+        """Whether every sub-watcher has replayed its history and is live."""
+        return all(s.synced for s in self._subs)
+
+    @property
+    def canceled(self) -> bool:
+        """Whether the watch has ended (or will end at the next poll: a sub-watcher has)."""
+        return self._final is not None or any(s.canceled for s in self._subs)
+
+    @property
+    def idle(self) -> bool:
+        """Live, synced, nothing queued and no progress round in flight."""
+        return (
+            self._final is None
+            and not self._round
+            and all(s.synced and not s.canceled and s.peek() is None for s in self._subs)
+        )
+
+    def open_subs(self) -> int:
+        """How many sub-watchers are still registered with their shard hubs."""
+        return sum(1 for s in self._subs if not s.canceled)
+
+    # --- delivery -------------------------------------------------------------------------
+    def poll(self, max_events: int = 1000) -> WatchBatch | None:
+        """The next batch if one is ready: the lowest-revision head among the shards, a
+        completed progress round, or the final cancel (returned again on every call)."""
+        if self._final is not None:
+            return self._final
+        while True:
+            best = -1
+            best_rev = 0
+            second: int | None = None  # lowest head revision of the other shards
+            took_progress = False
+            for i, s in enumerate(self._subs):
+                head = s.peek()
+                if s.canceled and head is None:
+                    return self._finish(i)
+                if head is None:
+                    continue
+                if head.progress:
+                    s.poll(max_events, until_rev=0)  # exactly this one batch
+                    took_progress = True
+                    done = self._answered(i, head.revision)
+                    if done is not None:
+                        return done
+                    continue
+                rev = batch_revision(head)
+                if best < 0 or rev < best_rev:
+                    if best >= 0:
+                        second = best_rev
+                    best, best_rev = i, rev
+                elif second is None or rev < second:
+                    second = rev
+            if best >= 0:
+                return self._subs[best].poll(max_events, until_rev=second)
+            if not took_progress:
+                return None
+
+    async def next_batch(self, max_events: int = 1000) -> WatchBatch:
+        """Wait for the next batch; wakes when any sub-watcher gets something. After a
+        cancel, returns the cancel batch again."""
+        while True:
+            batch = self.poll(max_events)
+            if batch is not None:
+                return batch
+            self._wake.clear()
+            await self._wake.wait()
+
+    def request_progress(self) -> None:
+        """Ask every sub-watcher for a progress notification; the merged one (minimum
+        revision) is queued once all have answered, behind the events before it."""
+        if self._final is not None:
+            return
+        if self._round:
+            self._again = True
+            return
+        self._round = True
+        self._got = [None] * len(self._subs)
+        for s in self._subs:
+            s.request_progress()
+
+    def close(self) -> None:
+        """Cancel the watch (client request): every sub-watcher is closed; the next batch
+        is an empty cancel."""
+        if self._final is not None:
+            return
+        rev = min(s._hub.store.rev for s in self._subs)
+        self._end(WatchBatch(rev, canceled=True))
+
+    # --- internals ------------------------------------------------------------------------
+    def _answered(self, i: int, revision: int) -> WatchBatch | None:
+        """Record sub-watcher ``i``'s progress answer; the merged notification once all
+        have answered."""
+        if not self._round or self._got[i] is not None:
+            return None  # not asked by us (cannot happen: sub-watchers never self-notify)
+        self._got[i] = revision
+        got = [g for g in self._got if g is not None]
+        if len(got) < len(self._subs):
+            return None
+        self._round = False
+        if self._again:
+            self._again = False
+            self.request_progress()
+        return WatchBatch(min(got), progress=True)
+
+    def _finish(self, i: int) -> WatchBatch:
+        """Sub-watcher ``i`` ended: end the merged watch with a cancel saying why."""
+        sub = self._subs[i]
+        cause = sub.poll() or WatchBatch(sub._hub.store.rev, canceled=True)  # always a cancel
+        if cause.compact_revision:
+            final = WatchBatch(
+                cause.revision,
+                compact_revision=cause.compact_revision,
+                canceled=True,
+                cancel_reason=cause.cancel_reason,
+            )
+        elif cause.cancel_reason:
+            resume = min(s.resume_revision() for s in self._subs)
+            final = WatchBatch(
+                cause.revision, canceled=True, cancel_reason=slow_reason(sub.buffer_limit, resume)
+            )
+        else:
+            final = WatchBatch(cause.revision, canceled=True)
+        self._end(final)
+        return final
+
+    def _end(self, final: WatchBatch) -> None:
+        self._final = final
+        for s in self._subs:
+            s.close()
+        self._round = False
+        self._again = False
+        self._on_end(self)
+        self._wake.set()
+
+
+AnyWatcher = Watcher | MergedWatcher
+"""What :meth:`ShardedWatchHub.watch` returns; both have the surface ``WatchStream`` uses."""
+
+
+class ShardedWatchHub:
+    """The watch hub of a node whose key space is split over shards (one hub each).
+
+    Every shard hub must publish on the event loop that consumes the watchers (as for a
+    single :class:`WatchHub`).
+    """
+
+    def __init__(self, hubs: Sequence[WatchHub], shards_of_range: ShardsOfRange) -> None:
+        if not hubs:
+            raise ValueError("a sharded watch hub needs at least one shard hub")
+        self.hubs = list(hubs)
+        self._shards_of_range = shards_of_range
+        self._next_id = 0
+        self._merged: dict[int, MergedWatcher] = {}
+
+    def __len__(self) -> int:
+        """Open watches: plain watchers of every shard hub plus merged watchers, a merged
+        watcher counting once (its sub-watchers are not counted)."""
+        n = sum(len(h) for h in self.hubs)
+        for m in self._merged.values():
+            n -= m.open_subs()
+            if not m.canceled:
+                n += 1
+        return n
+
+    def progress(self) -> int:
+        """The minimum of the shard hubs' revisions: every event up to it was published on
+        every shard (a higher revision could still appear on a lagging shard)."""
+        return min(h.progress() for h in self.hubs)
+
+    def shards(self, key: bytes, range_end: bytes = b"") -> list[int]:
+        """The shards a range spans, sorted, checked against the number of shards."""
+        picked = sorted(set(self._shards_of_range(key, range_end)))
+        if not picked:
+            raise ValueError(f"shards_of_range({key!r}, {range_end!r}) returned no shard")
+        n = len(self.hubs)
+        bad = [i for i in picked if not 0 <= i < n]
+        if bad:
+            raise ValueError(
+                f"shards_of_range({key!r}, {range_end!r}) returned shard indexes {bad} "
+                f"outside 0..{n - 1}"
+            )
+        return picked
+
+    def watch(
+        self,
+        key: bytes,
+        range_end: bytes = b"",
+        start_revision: int = 0,
+        prev_kv: bool = False,
+        filters: Iterable[int] = (),
+        progress_notify: bool = False,
+        buffer_limit: int | None = None,
+    ) -> AnyWatcher:
+        """Create a watch (arguments as :meth:`WatchHub.watch`): the shard's own watcher
+        if the range lives on one shard, else a :class:`MergedWatcher`. Raises the shard
+        hub's error (too many watchers, bad buffer limit) and then creates nothing."""
+        picked = self.shards(key, range_end)
+        fs = list(filters)
+        if len(picked) == 1:
+            return self.hubs[picked[0]].watch(
+                key, range_end, start_revision, prev_kv, fs, progress_notify, buffer_limit
+            )
+        subs: list[Watcher] = []
+        try:
+            for i in picked:
+                # Sub-watchers never notify progress on their own: the merged watcher asks
+                # them, so that every answer belongs to one of its rounds.
+                subs.append(
+                    self.hubs[i].watch(key, range_end, start_revision, prev_kv, fs, False,
+                                       buffer_limit)
+                )
+        except BaseException:
+            for s in subs:
+                s.close()
+            raise
+        self._next_id += 1
+        m = MergedWatcher(self._next_id, subs, progress_notify, self._forget)
+        self._merged[m.id] = m
+        return m
+
+    def notify_progress(self) -> int:
+        """Queue a progress notification to idle watchers that asked for them: each shard
+        hub's own watchers, and every idle merged watcher (as a round over its shards)."""
+        n = sum(h.notify_progress() for h in self.hubs)
+        for m in list(self._merged.values()):
+            if m.progress_notify and m.idle:
+                m.request_progress()
+                n += 1
+        return n
+
+    def close(self) -> None:
+        """Cancel every watcher of every shard (node shutdown)."""
+        for m in list(self._merged.values()):
+            m.close()
+        for h in self.hubs:
+            h.close()
+
+    def _forget(self, m: MergedWatcher) -> None:
+        self._merged.pop(m.id, None)
