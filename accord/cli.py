@@ -51,9 +51,9 @@ def _jobs(argv: list[str]) -> int:
 
 
 def _nodes(argv: list[str]) -> int:
-    from accord import cli_jobs
+    from accord import cli_nodes
 
-    return cli_jobs.nodes_main(argv)
+    return cli_nodes.nodes_main(argv)
 
 
 def _simulate(argv: list[str]) -> int:
@@ -68,7 +68,8 @@ _COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "status": (_status, "show every member of a cluster: leader, term, indexes"),
     "kv": (_kv, "read and write keys: `accord kv get|put|del KEY [VALUE]`"),
     "jobs": (_jobs, "GPU jobs: `accord jobs submit|ls|show|cancel|watch`"),
-    "nodes": (_nodes, "GPU nodes: `accord nodes ls|drain|undrain|register|agent`"),
+    "nodes": (_nodes, "members (SWIM): `accord nodes [watch]`; GPU nodes: "
+                      "`accord nodes --gpus | ls|drain|undrain|register|agent`"),
     "wal": (_wal, "inspect a node's write-ahead log: `accord wal check DIR`"),
     "simulate": (_simulate, "watch a simulated Raft cluster elect, replicate and fail over"),
 }

@@ -6,6 +6,7 @@
     accord nodes register --from-json FILE      # a node spec (NodeSpec fields) as JSON
     accord nodes register --fake NAME --gpus 8 --vendor nvidia   # a made-up GPU node
     accord nodes agent --from-json FILE [--interval 0.5]         # register, then heartbeat
+    accord nodes agent --fake gpu-a --gossip-seeds 10.0.0.1:3380  # ... and join SWIM membership
 
 They speak ``accord.scheduling.v1.Scheduler`` to any member. Endpoints come from
 ``--endpoints`` or ``ACCORD_ENDPOINTS`` (comma-separated ``host:port``), default
@@ -16,6 +17,7 @@ calls carry one request id across endpoints so a retry is applied at most once.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -219,12 +221,22 @@ def _nodes(a: argparse.Namespace) -> int:
     spec = _spec_from(a)
     if spec is None:
         return 2
+    try:
+        gossip = _gossip_settings(a) if a.op == "agent" else None
+    except ValueError as e:
+        print(f"accord nodes {a.op}: {e}", file=sys.stderr)
+        return 2
     reg = pb.RegisterNodeRequest(node=spec, request_id=_rid())
     name = _first(eps, lambda s: s.RegisterNode(reg, timeout=TIMEOUT)).node
     print(f"{name} registered ({len(spec.devices)} devices)", flush=True)
     if a.op == "register":
         return 0
     # agent: heartbeat until interrupted; re-register if declared dead meanwhile
+    try:
+        swim = _join_gossip(gossip, name, spec) if gossip is not None else None
+    except OSError as e:
+        print(f"accord nodes agent: cannot join membership: {e}", file=sys.stderr)
+        return 1
     beats = 0
     try:
         while not a.count or beats < a.count:
@@ -239,7 +251,55 @@ def _nodes(a: argparse.Namespace) -> int:
             beats += 1
     except KeyboardInterrupt:
         pass
+    finally:
+        if swim is not None:
+            swim.stop()
     return 0
+
+
+# ----- the agent's SWIM member ----------------------------------------------------------------
+
+
+def _gossip_settings(a: argparse.Namespace) -> dict[str, Any] | None:
+    """The agent's SWIM settings from its flags (None without --gossip-seeds); ValueError if bad."""
+    from accord.membership.agent import parse_address
+    from accord.membership.background import local_address_toward
+    from accord.membership.config import SwimConfig
+
+    seeds = [parse_address(x.strip()) for x in (a.gossip_seeds or "").split(",") if x.strip()]
+    if not seeds:
+        if a.gossip_listen:
+            raise ValueError("--gossip-listen needs --gossip-seeds (the daemons' gossip addresses)")
+        return None
+    bind = (parse_address(a.gossip_listen) if a.gossip_listen
+            else (local_address_toward(seeds[0]), 0))
+    config = SwimConfig.profile(a.gossip_profile)
+    if a.gossip_key:
+        try:
+            config.secret_keys = tuple(bytes.fromhex(k.strip()) for k in a.gossip_key.split(","))
+        except ValueError:
+            raise ValueError("--gossip-key: keys must be hex strings") from None
+        config.validate()
+    return {"config": config, "bind": bind, "seeds": seeds}
+
+
+def agent_meta(name: str, spec: pb.NodeSpec) -> dict[str, str]:
+    """A GPU agent's SWIM metadata: its role, node name and a digest of its inventory."""
+    digest = hashlib.sha256(spec.SerializeToString(deterministic=True)).hexdigest()[:16]
+    models = ",".join(sorted({f"{d.vendor}/{d.model}" for d in spec.devices}))[:120]
+    return {"role": "gpu-agent", "node": name, "gpus": str(len(spec.devices)),
+            "models": models, "inventory": digest}
+
+
+def _join_gossip(settings: dict[str, Any], name: str, spec: pb.NodeSpec) -> Any:
+    """Start the agent's SWIM member (role gpu-agent) in a background thread."""
+    from accord.membership.background import BackgroundMembership
+
+    swim = BackgroundMembership(settings["config"], bind=settings["bind"], name=name,
+                                seeds=settings["seeds"], meta=agent_meta(name, spec))
+    host, port = swim.start()
+    print(f"{name} joined membership as {host}:{port}", flush=True)
+    return swim
 
 
 def _heartbeat(req: pb.HeartbeatRequest) -> Callable[[Any], Any]:
@@ -300,6 +360,15 @@ def nodes_main(argv: Sequence[str]) -> int:
     g.add_argument("--address", help="address launchers reach the node at (default: NAME)")
     g.add_argument("--interval", type=float, default=0.5, help="agent: seconds between heartbeats")
     g.add_argument("--count", type=int, default=0, help="agent: stop after this many heartbeats")
+    g.add_argument("--gossip-seeds", metavar="HOST:PORT,...",
+                   help="agent: join SWIM membership through these daemons' gossip addresses "
+                        "(their peer port + 1000 by default)")
+    g.add_argument("--gossip-listen", metavar="HOST:PORT",
+                   help="agent: SWIM address (default: the address routing to the first seed, "
+                        "any free port)")
+    g.add_argument("--gossip-profile", default="lan", choices=["lan", "wan", "local"],
+                   help="agent: SWIM timing profile; use the daemons' (default lan)")
+    g.add_argument("--gossip-key", help="agent: hex AES key(s) of the daemons' --gossip-key")
     return _run(_nodes, p.parse_args(list(argv)))
 
 

@@ -28,6 +28,12 @@ Some defaults are derived when a setting is left empty: ``data-dir`` is
 ``initial-advertise-peer-urls`` are this member's URLs in ``initial-cluster`` (else
 the listen peer URLs), and ``initial-cluster`` is this single member.
 
+SWIM membership (``accord/membership``) listens on ``gossip-listen`` (UDP, and TCP on
+the same port for state exchanges); by default that is the peer host at the peer port
++ 1000, and the seeds are the other ``initial-cluster`` members at their peer port +
+1000, so a cluster that keeps the defaults needs no gossip settings at all.
+``gossip-listen = "off"`` runs no membership.
+
 Node ids: every member's id is derived from its name and the cluster token
 (``member_id``): stable across restarts, non-zero, 63-bit, and computed the same
 way by every node from ``--initial-cluster``.
@@ -55,6 +61,9 @@ MAX_SHARDS = 16384
 """Most KV shards a cluster can be created with (the idle benchmark runs 10,000)."""
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _WILDCARDS = ("0.0.0.0", "::", "")
+GOSSIP_PORT_OFFSET = 1000
+"""Default SWIM port = peer port + this (see ``Config.gossip_listen_address``)."""
+GOSSIP_PROFILES = ("lan", "wan", "local")
 
 
 class ConfigError(ValueError):
@@ -114,6 +123,15 @@ class Config:
                                    "ReadIndex round (needs a clock-drift bound).")
     max_clock_drift: int = _opt(50, "Bound on clock-rate drift between members in ms, "
                                     "subtracted from the leader lease.")
+    gossip_listen: str = _opt("", "host:port for SWIM membership (UDP, plus TCP on the same port), "
+                                  "or 'off' (default: the peer URL's host, peer port + 1000).")
+    gossip_seeds: list[str] = field(
+        default_factory=list,
+        metadata=_meta("host:port of members to join through (default: every other member of "
+                       "--initial-cluster, at its peer port + 1000)."))
+    gossip_profile: str = _opt("lan", "SWIM timing profile: lan, wan or local (one host).")
+    gossip_key: str = _opt("", "Hex AES key(s) of 16, 24 or 32 bytes for SWIM traffic, "
+                               "comma-separated; the first encrypts (default: none).")
 
     # -- derived values ------------------------------------------------------
 
@@ -155,6 +173,57 @@ class Config:
         """Node id -> (host, port) of every *other* member's first peer URL."""
         return {member_id(n, self.cluster_token): parse_url(urls[0], "initial-cluster")
                 for n, urls in self.members().items() if n != self.name}
+
+    # -- SWIM membership ---------------------------------------------------------
+    # The gossip port defaults to the peer port + GOSSIP_PORT_OFFSET: `accord dev` gives
+    # node I the ports base+2(I-1) and base+2(I-1)+1, so an offset above 2 * 15 nodes can
+    # never land on another node's client or peer port.
+
+    @property
+    def gossip_enabled(self) -> bool:
+        """False when ``--gossip-listen off``."""
+        return self.gossip_listen.strip().lower() != "off"
+
+    def gossip_listen_address(self) -> tuple[str, int]:
+        """(host, port) SWIM binds: ``--gossip-listen``, else the peer listen host and port + offset."""
+        if self.gossip_listen and self.gossip_enabled:
+            return parse_host_port(self.gossip_listen, "gossip-listen")
+        host, port = self.peer_listen_address()
+        return host, _gossip_port(port, "listen-peer-urls")
+
+    def gossip_advertise_address(self) -> tuple[str, int]:
+        """(host, port) other members reach SWIM at (a wildcard bind advertises the peer host)."""
+        host, port = self.gossip_listen_address()
+        if host in _WILDCARDS:
+            host = parse_url(self.initial_advertise_peer_urls[0], "initial-advertise-peer-urls")[0]
+        return host, port
+
+    def gossip_seed_addresses(self) -> list[tuple[str, int]]:
+        """``--gossip-seeds``, else every other member's first peer URL at port + offset."""
+        if self.gossip_seeds:
+            return [parse_host_port(s, "gossip-seeds") for s in self.gossip_seeds]
+        out = []
+        for name, urls in self.members().items():
+            if name != self.name:
+                host, port = parse_url(urls[0], "initial-cluster")
+                out.append((host, _gossip_port(port, f"initial-cluster ({name})")))
+        return out
+
+    def gossip_keys(self) -> tuple[bytes, ...]:
+        """``--gossip-key`` decoded (empty: SWIM traffic is not encrypted)."""
+        keys = []
+        for item in (k.strip() for k in self.gossip_key.split(",")):
+            if not item:
+                continue
+            try:
+                key = bytes.fromhex(item)
+            except ValueError:
+                raise ConfigError("gossip-key: keys must be hex strings") from None
+            if len(key) not in (16, 24, 32):
+                raise ConfigError(f"gossip-key: a key of {len(key)} bytes; use 16, 24 or 32 "
+                                  f"bytes ({2 * 16}, {2 * 24} or {2 * 32} hex digits)")
+            keys.append(key)
+        return tuple(keys)
 
     def client_listen_addresses(self) -> list[tuple[str, int]]:
         """(host, port) of every ``--listen-client-urls`` entry."""
@@ -247,6 +316,14 @@ class Config:
         if self.lease_read and not 0 < self.max_clock_drift < self.election_timeout // 2:
             p(f"lease-read needs 0 < max-clock-drift < election-timeout/2 "
               f"(got {self.max_clock_drift} ms, election-timeout {self.election_timeout} ms)")
+        if self.gossip_profile not in GOSSIP_PROFILES:
+            p(f"gossip-profile {self.gossip_profile!r}: use one of {', '.join(GOSSIP_PROFILES)}")
+        if self.gossip_enabled:
+            for check in (self.gossip_listen_address, self.gossip_seed_addresses, self.gossip_keys):
+                try:
+                    check()
+                except ConfigError as e:
+                    p(str(e))
         if problems:
             raise ConfigError("invalid configuration: " + "; ".join(problems))
 
@@ -288,6 +365,29 @@ def parse_url(url: str, what: str = "url") -> tuple[str, int]:
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
         raise ConfigError(f"{what}: {url!r} must be just http://host:port")
     return parts.hostname, port
+
+
+def parse_host_port(text: str, what: str) -> tuple[str, int]:
+    """``127.0.0.1:7946`` -> ``("127.0.0.1", 7946)``; ``ConfigError`` if unusable."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host:
+        raise ConfigError(f"{what}: {text!r} is not host:port")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{what}: the port of {text!r} is not a number") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"{what}: port {number} of {text!r} is out of range 0..65535")
+    return host, number
+
+
+def _gossip_port(peer_port: int, what: str) -> int:
+    port = peer_port + GOSSIP_PORT_OFFSET
+    if port > 65535:
+        raise ConfigError(f"{what}: peer port {peer_port} + {GOSSIP_PORT_OFFSET} is beyond 65535; "
+                          "set --gossip-listen and --gossip-seeds explicitly")
+    return port
 
 
 def _parse_cluster(spec: str) -> dict[str, list[str]]:

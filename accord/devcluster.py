@@ -3,7 +3,8 @@
 Starts ``--nodes`` (default 3) ``accord serve`` subprocesses. Member ``nI`` (I from 1)
 serves clients on ``base+2(I-1)`` and peers on ``base+2(I-1)+1``, so with the default
 base 2379 the first node has etcd's usual ports (2379/2380), the second 2381/2382,
-and so on. Each keeps its data in ``<data-dir>/nI`` and its output in
+and so on; SWIM membership runs on each peer port + 1000 (3380, 3382, ...) with the
+``local`` gossip profile (detection within seconds on one host). Each keeps its data in ``<data-dir>/nI`` and its output in
 ``<data-dir>/nI.log`` (also shown on the terminal, prefixed ``[nI]``, unless
 ``--quiet``). Once every client port answers, the endpoints and an ``etcdctl``
 example are printed. Ctrl-C (SIGINT) or SIGTERM stops the cluster: each child gets
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from accord.config import GOSSIP_PORT_OFFSET
+
 HOST = "127.0.0.1"
 
 
@@ -50,6 +53,10 @@ class _Node:
     @property
     def peer_url(self) -> str:
         return f"http://{HOST}:{self.peer_port}"
+
+    @property
+    def gossip_port(self) -> int:
+        return self.peer_port + GOSSIP_PORT_OFFSET
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,12 +94,13 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(args_list)
     if not 1 <= args.nodes <= 15:
         parser.error(f"--nodes {args.nodes}: use 1..15")
-    if not 1 <= args.base_port or args.base_port + 2 * args.nodes - 1 > 65535:
-        parser.error(f"--base-port {args.base_port}: the {2 * args.nodes} ports from it must be 1..65535")
+    if not 1 <= args.base_port or args.base_port + 2 * args.nodes - 1 + GOSSIP_PORT_OFFSET > 65535:
+        parser.error(f"--base-port {args.base_port}: the {2 * args.nodes} ports from it, and the "
+                     f"gossip ports {GOSSIP_PORT_OFFSET} above the peer ports, must be 1..65535")
     root = Path(args.data_dir)
     nodes = [_Node(f"n{i + 1}", args.base_port + 2 * i, args.base_port + 2 * i + 1, root / f"n{i + 1}")
              for i in range(args.nodes)]
-    busy = [p for n in nodes for p in (n.client_port, n.peer_port) if _port_in_use(p)]
+    busy = [p for n in nodes for p in (n.client_port, n.peer_port, n.gossip_port) if _port_in_use(p)]
     if busy:
         print(f"accord dev: port(s) {', '.join(map(str, busy))} on {HOST} are in use "
               "(another cluster running?); stop it or pick another --base-port", file=sys.stderr)
@@ -122,7 +130,7 @@ def _serve_argv(args: argparse.Namespace, node: _Node, cluster: str, extra: list
             "--listen-client-urls", node.client_url, "--advertise-client-urls", node.client_url,
             "--listen-peer-urls", node.peer_url, "--initial-advertise-peer-urls", node.peer_url,
             "--initial-cluster", cluster, "--initial-cluster-state", "new",
-            "--initial-cluster-token", args.cluster_token, *extra]
+            "--initial-cluster-token", args.cluster_token, "--gossip-profile", "local", *extra]
 
 
 async def _pump(node: _Node, stream: asyncio.StreamReader, log: TextIO, quiet: bool) -> None:
@@ -237,8 +245,8 @@ async def _run(args: argparse.Namespace, extra: list[str], root: Path, nodes: li
             return 130 if stop.is_set() else 1
         endpoints = ",".join(n.client_url for n in nodes)
         lines = [f"accord dev: {len(nodes)} node(s) up; data and logs in {root}"]
-        lines += [f"  {n.name}  client {n.client_url}  peer {n.peer_url}  log {root / (n.name + '.log')}"
-                  for n in nodes]
+        lines += [f"  {n.name}  client {n.client_url}  peer {n.peer_url}  gossip {HOST}:{n.gossip_port}"
+                  f"  log {root / (n.name + '.log')}" for n in nodes]
         lines += [f"client endpoints: {endpoints}",
                   f"try: etcdctl --endpoints={endpoints} put /hello world",
                   "press Ctrl-C to stop the cluster"]

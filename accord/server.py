@@ -143,6 +143,11 @@ class Node:
         for h, p in cfg.client_listen_addresses():
             self.client_ports.append(self.grpc.add_port(f"{h}:{p}"))
         add_scheduler_service(self.grpc.server, self.scheduling)
+        from accord.membership.service import NodeMembership
+        from accord.membership.servicer import add_membership_service
+        self.membership = NodeMembership.from_config(cfg, self.member_id, scheduler=self.scheduling)
+        add_membership_service(self.grpc.server, self.membership)
+        await self.membership.start()  # SWIM (off with --gossip-listen off)
         await self.grpc.start()
         self._tasks = [
             asyncio.create_task(self._publish(), name="publish-member"),
@@ -232,6 +237,8 @@ class Node:
         if self.grpc is not None:
             with contextlib.suppress(Exception):
                 await self.grpc.stop(0.5)
+        if getattr(self, "membership", None) is not None:
+            await self.membership.stop()  # a graceful SWIM leave
         await self.host.stop()
         await self.transport.stop()
         if self.wal is not None:

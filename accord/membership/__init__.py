@@ -14,6 +14,18 @@ Public surface (everything else is private to the package):
 * ``SwimProtocol`` (``protocol.py``): the sans-I/O state machine both drivers share;
   ``Simulator`` (``simulator.py``): the deterministic many-member driver.
 
+Inside the daemon (imported from their modules, not from here, so the standalone
+agent stays light):
+
+* ``service.NodeMembership``: the member ``accord serve`` runs (``--gossip-*`` options),
+  its published metadata (role=accord, name, id, client URLs, version), the latest
+  view and event subscriptions; ``servicer.add_membership_service`` serves it as
+  ``accord.membership.v1.Membership`` (``Members``, ``Watch``).
+* ``scheduler_link.SchedulerLink``: on the scheduling leader, a ``role=gpu-agent``
+  member declared dead becomes the scheduler's ``node_dead`` (its jobs are requeued).
+* ``background.BackgroundMembership``: a member in a thread for synchronous programs
+  (the GPU agent, ``accord nodes agent --gossip-seeds ...``).
+
 Wiring example (a consumer such as the scheduler):
 
     membership = Membership(SwimConfig.lan(), bind=("0.0.0.0", 7946), seeds=seeds,

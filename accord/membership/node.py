@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 _FRAME = struct.Struct(">I")
 MAX_FRAME = 64 << 20
 _MAX_SYNCS = 4
+_EPHEMERAL_ATTEMPTS = 8
 
 
 class Subscription:
@@ -123,16 +124,23 @@ class Membership:
         if self._proto is not None:
             raise RuntimeError("membership already started")
         loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: _Udp(self), local_addr=self._bind
-        )
-        self._udp = transport
-        host, port = transport.get_extra_info("sockname")[:2]
-        try:
-            self._server = await asyncio.start_server(self._serve_tcp, host, port)
-        except OSError:
-            transport.close()
-            raise
+        # With port 0 the kernel picks a free UDP port, whose TCP twin may be taken:
+        # then try another one.
+        attempts = _EPHEMERAL_ATTEMPTS if self._bind[1] == 0 else 1
+        for attempt in range(attempts):
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: _Udp(self), local_addr=self._bind
+            )
+            host, port = transport.get_extra_info("sockname")[:2]
+            try:
+                self._server = await asyncio.start_server(self._serve_tcp, host, port)
+            except OSError:
+                transport.close()
+                if attempt + 1 == attempts:
+                    raise
+                continue
+            self._udp = transport
+            break
         addr = self._advertise or (host, port)
         name = self._name or f"{addr[0]}:{addr[1]}"
         self._proto = SwimProtocol(

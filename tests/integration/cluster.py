@@ -47,6 +47,8 @@ class ProcNode:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     paused: bool = False
+    gossip_port: int = 0
+    """SWIM membership's UDP+TCP port (``--gossip-listen``)."""
     _channel: grpc.Channel | None = field(default=None, repr=False)
 
     @property
@@ -75,10 +77,10 @@ class ProcCluster:
 
     def __init__(self, root: Path, n: int = 3, *, heartbeat_ms: int = 50,
                  election_ms: int = 500, extra: tuple[str, ...] = ()) -> None:
-        ports = free_ports(2 * n)
+        ports = free_ports(3 * n)
         self.nodes = [
             ProcNode(f"n{i + 1}", ports[2 * i], ports[2 * i + 1], root / f"n{i + 1}",
-                     root / f"n{i + 1}.log")
+                     root / f"n{i + 1}.log", gossip_port=ports[2 * n + i])
             for i in range(n)
         ]
         self.heartbeat_ms = heartbeat_ms
@@ -97,6 +99,8 @@ class ProcCluster:
             "--initial-cluster", self.initial_for.get(node.name, self.initial),
             "--heartbeat-interval", str(self.heartbeat_ms),
             "--election-timeout", str(self.election_ms),
+            "--gossip-listen", f"{HOST}:{node.gossip_port}",
+            "--gossip-seeds", ",".join(f"{HOST}:{x.gossip_port}" for x in self.nodes if x is not node),
             *self.extra,
         ]
         log = open(node.log_path, "ab")
