@@ -4,16 +4,19 @@ A node owns one write-ahead log and one snapshot store (under ``--data-dir``), o
 peer transport (``--listen-peer-urls``), one Multi-Raft host driving its groups,
 and one gRPC server (``--listen-client-urls``) serving the etcd v3 API:
 
-* group 1, the meta group: the member table (``ClusterStateMachine``);
-* group 2: the key-value store (``KVStateMachine``), leases and watches;
+* group 1, the meta group: the member table and the shard map (``ClusterStateMachine``);
+* groups 2 and 101.. (``node_backend.kv_group``): the ``--shards`` shards of the key
+  space (``KVStateMachine`` each), leases and watches;
 * group 3: the GPU scheduler (``SchedulerShard``): its leader computes placements
   and commits them, so a failover loses no decision.
 
 Every member of ``--initial-cluster`` hosts a replica of every group. The KV
-backend answers writes with the result of their apply, serves linearizable reads
-after a ReadIndex barrier, and, while this node leads the KV group, expires
-leases (the leader decides, the log carries the decision) and checkpoints their
-remaining TTL so a new leader neither extends nor cuts them.
+backend (``node_backend.py``) answers writes with the result of their apply, serves
+linearizable reads after a ReadIndex barrier, and, while this node leads shard 0 (the
+leases' home), expires leases (the leader decides, the log carries the decision) and
+checkpoints their remaining TTL so a new leader neither extends nor cuts them. A SWIM
+member (``accord/membership/service.py``) tells who is reachable, daemons and GPU
+agents alike, and serves the Membership gRPC service.
 
 Shutdown on SIGTERM/SIGINT is graceful: leaderships move to a peer, the gRPC
 server stops taking requests, then the host, the transport and the log close.
