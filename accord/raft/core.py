@@ -33,6 +33,9 @@ Choices worth knowing:
   A leader holds forwarded reads that arrive before its no-op commits and
   serves them once it does; reads lost to a leader change are simply never
   answered (the caller times out and retries).
+* ``leader_unreachable(peer)`` lets the transport say a dead leader's link
+  closed: the follower campaigns within a few ticks instead of an election
+  timeout (PreVote + CheckQuorum keep that from disrupting a live leader).
 """
 
 from __future__ import annotations
@@ -169,6 +172,8 @@ class RaftCore(MembershipMixin):
         self._send_pending: set[int] = set()
         self._probe_pending: set[int] = set()
         self._lease_broken = False
+        self._leader_lost = False
+        """Set by ``leader_unreachable``: this node's early campaign is under way."""
         self._prev_hs = hs
         self._prev_soft = SoftState()
         self._incoming: tuple[int, ...] = ()
@@ -312,6 +317,36 @@ class RaftCore(MembershipMixin):
         pr = self._prs.get(peer) if self._role == Role.LEADER else None
         if pr is not None and pr.state == ProgressState.REPLICATE:
             pr.become_probe()
+
+    def leader_unreachable(self, peer: int) -> bool:
+        """The transport lost its link to ``peer`` and could not re-establish it.
+
+        If ``peer`` is this follower's leader, the leader is presumed dead (its
+        process died and its connections closed): the follower gives up its lease
+        and campaigns after a short random remainder (1..election_tick//3 ticks,
+        so followers rarely collide) instead of a whole randomized timeout. Only
+        with PreVote and CheckQuorum on and lease reads off: a pre-vote is still
+        refused by every peer that heard from a leader within the election
+        timeout, so a follower that merely lost its own link cannot unseat a live
+        leader, while the other followers, which saw the same link close, grant
+        it. Lease reads count on followers keeping their lease for the full
+        timeout, so they keep it. Returns whether the timer was fast-forwarded.
+
+        Followers that lost the same leader tend to campaign at once and split
+        the vote, so the first pre-vote wins: a node that grants another's
+        pre-vote gives up its own early campaign (a pre-candidate only for a
+        higher id, so that two colliding ones don't both step back) and falls
+        back to a normal election timeout, should that campaign fail.
+        """
+        cfg = self._cfg
+        if (not (cfg.pre_vote and cfg.check_quorum) or cfg.lease_read or peer == NO_NODE
+                or self._role != Role.FOLLOWER or self._lead != peer or not self._promotable):
+            return False
+        self._leader_lost = True
+        self._election_elapsed = max(self._election_elapsed, cfg.election_tick)
+        soon = self._election_elapsed + 1 + self._rand.randrange(max(1, cfg.election_tick // 3))
+        self._randomized_timeout = min(self._randomized_timeout, soon)
+        return True
 
     def report_snapshot(self, peer: int, ok: bool) -> None:
         """The snapshot sent to ``peer`` was delivered (``ok``) or failed."""
@@ -458,6 +493,7 @@ class RaftCore(MembershipMixin):
         self._probe_pending.clear()
         self._uncommitted_size = 0
         self._lease_broken = False
+        self._leader_lost = False
 
     def _become_follower(self, term: int, lead: int) -> None:
         self._reset(term)
@@ -586,9 +622,20 @@ class RaftCore(MembershipMixin):
             if not pre:
                 self._election_elapsed = 0
                 self._vote = m.frm
+            elif self._leader_lost:
+                self._yield_early_campaign(m.frm)
         else:
             self._send(Message(resp, to=m.frm, frm=self._id, term=self._term, reject=True),
                        persisted=not pre)
+
+    def _yield_early_campaign(self, candidate: int) -> None:
+        """We granted ``candidate``'s pre-vote after losing our leader: let it go first."""
+        tick = self._cfg.election_tick
+        if self._role == Role.FOLLOWER:
+            self._leader_lost = False
+            self._randomized_timeout = self._election_elapsed + tick + self._rand.randrange(tick)
+        elif self._role == Role.PRE_CANDIDATE and candidate > self._id:
+            self._become_follower(self._term, NO_NODE)
 
     def _step_candidate(self, m: Message) -> None:
         t = m.type
@@ -614,10 +661,12 @@ class RaftCore(MembershipMixin):
         if t == MT.APP:
             self._election_elapsed = 0
             self._lead = m.frm
+            self._leader_lost = False
             self._handle_append(m)
         elif t == MT.HEARTBEAT:
             self._election_elapsed = 0
             self._lead = m.frm
+            self._leader_lost = False
             self._log.commit_to(min(m.commit, self._log.last_index()))
             # ``commit`` tells the leader how far we are (it unsticks a snapshot
             # whose acknowledgement was lost).

@@ -107,6 +107,8 @@ class Transport(Protocol):
         on_done: Callable[[bool], None],
     ) -> None: ...
 
+    def add_peer_lost_listener(self, listener: Callable[[int], None]) -> None: ...
+
 
 class GroupUnavailable(Exception):
     """The group cannot serve the request now; retrying later may succeed.
@@ -254,6 +256,9 @@ class MultiRaftHost:
         self._quiesce = self.config.quiesce and not self.config.lease_read
         self.turns = 0
         """Poll-loop rounds that wrote to the log (for metrics and tests)."""
+        self.fast_elections = 0
+        """Groups whose election timer a lost leader link fast-forwarded (metrics, tests)."""
+        transport.add_peer_lost_listener(self.peer_lost)
 
     # ------------------------------------------------------------------ groups
     def add_group(
@@ -328,6 +333,28 @@ class MultiRaftHost:
     def deliver_heartbeats(self, from_node: int, heartbeats: object, resps: object) -> None:
         """Transport callback for heartbeat bundles: node-level liveness pings."""
         self._heard(from_node)
+
+    def peer_lost(self, node: int) -> None:
+        """Transport callback: the link to ``node`` closed and a redial failed.
+
+        Every group led by ``node`` is told (``RaftCore.leader_unreachable``) so it
+        elects a new leader within a few ticks instead of an election timeout;
+        quiesced ones wake up first, since their timer must run for that.
+        """
+        woken = 0
+        for g in self._groups.values():
+            core = g.core
+            if core.leader_id != node or core.role != Role.FOLLOWER:
+                continue
+            if core.leader_unreachable(node):
+                woken += 1
+                g.quiesce_from = NO_NODE
+                self._activate(g)
+                self._mark(g)
+        if woken:
+            self.fast_elections += woken
+            log.info("node %d: link to leader %d lost; %d groups campaign early",
+                     self.node_id, node, woken)
 
     def _heard(self, node: int) -> None:
         if self._liveness.heard(node, self._loop.time()):

@@ -28,6 +28,15 @@ dialed. An outbound connection is kept by one task per peer that reconnects with
 exponential backoff and jitter, and writes an empty keepalive frame when idle so
 that the acceptor's idle timeout detects dead links.
 
+Lost peers: when an outbound link that was up closes (the peer's process died:
+its kernel sent FIN or RST) and the first redial fails too, the transport calls
+every ``add_peer_lost_listener`` callback with the peer's id, once per loss. The
+host uses it to elect a new leader without waiting out an election timeout. A
+redial that succeeds (a blip, a quick restart) reports nothing. The peer's own
+link to this node closing counts too when the outbound link is down at that
+moment (still in its reconnect backoff, e.g. after the peer restarted): the
+outbound link redials at once, and reports the peer lost if that fails.
+
 Back-pressure: ``send`` drops (and counts in ``stats.msgs_dropped``) rather than
 queue without bound: when the peer is not connected, when ``max_queue_msgs``
 messages are already waiting for the next ``flush``, or when the socket's unsent
@@ -101,6 +110,8 @@ class TransportStats:
     snapshot_pieces_sent: int = 0
     snapshot_pieces_received: int = 0
     snapshot_retries: int = 0
+    peers_lost: int = 0
+    """Links that closed and could not be redialed (reported to peer-lost listeners)."""
 
 
 @dataclass(slots=True)
@@ -115,6 +126,11 @@ class _Peer:
     heartbeats: list[Heartbeat] = field(default_factory=list)
     heartbeat_resps: list[HeartbeatResp] = field(default_factory=list)
     last_write: float = 0.0
+    armed: bool = False
+    """A failed dial reports the peer lost (set while the link is up, and when the
+    peer's inbound link closes while this one is down)."""
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    """Cuts the reconnect backoff short."""
 
 
 class PeerTransport:
@@ -176,6 +192,7 @@ class PeerTransport:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._peer_lost_listeners: list[Callable[[int], None]] = []
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -237,6 +254,21 @@ class PeerTransport:
             peer.task.cancel()
             self._tasks.add(peer.task)  # still awaited by stop()
             peer.task.add_done_callback(self._tasks.discard)
+
+    def add_peer_lost_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(node_id)`` when the link to a peer closed and a redial failed."""
+        self._peer_lost_listeners.append(listener)
+
+    def _report_lost(self, node_id: int) -> None:
+        if self._stopping or node_id not in self._peers:
+            return
+        self.stats.peers_lost += 1
+        log.info("link to node %d closed and a redial failed: reporting it lost", node_id)
+        for listener in self._peer_lost_listeners:
+            try:
+                listener(node_id)
+            except Exception:
+                log.exception("peer-lost listener failed for node %d", node_id)
 
     def connected(self, node_id: int) -> bool:
         """Whether the outbound link to ``node_id`` is up."""
@@ -330,8 +362,14 @@ class PeerTransport:
     def _spawn_peer(self, peer: _Peer) -> None:
         peer.task = asyncio.create_task(self._run_peer(peer), name=f"raft-link-{peer.node_id}")
 
-    async def _backoff(self, delay: float) -> float:
-        await asyncio.sleep(delay * self._rng.uniform(0.5, 1.0))
+    async def _backoff(self, delay: float, peer: _Peer | None = None) -> float:
+        pause = delay * self._rng.uniform(0.5, 1.0)
+        if peer is None:
+            await asyncio.sleep(pause)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(peer.wake.wait(), pause)
+            peer.wake.clear()
         return min(delay * 2, self._backoff_max)
 
     async def _dial(self, peer: _Peer, kind: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -368,20 +406,24 @@ class PeerTransport:
             except FrameError as exc:
                 self.stats.handshake_failures += 1
                 log.warning("link to node %d (%s:%d): %s", peer.node_id, peer.host, peer.port, exc)
-                delay = await self._backoff(delay)
+                delay = await self._backoff(delay, peer)
                 continue
             except (OSError, TimeoutError) as exc:
                 log.debug("link to node %d (%s:%d) failed: %r", peer.node_id, peer.host, peer.port, exc)
-                delay = await self._backoff(delay)
+                if peer.armed:
+                    peer.armed = False
+                    self._report_lost(peer.node_id)
+                delay = await self._backoff(delay, peer)
                 continue
             except Exception:
                 log.exception("link to node %d: unexpected error while connecting", peer.node_id)
-                delay = await self._backoff(delay)
+                delay = await self._backoff(delay, peer)
                 continue
             self.stats.connects += 1
             log.info("link to node %d (%s:%d) up", peer.node_id, peer.host, peer.port)
             peer.writer, peer.last_write = writer, time.monotonic()
             delay = self._backoff_min
+            peer.armed = True  # from now on, a close followed by a failed redial is a loss
             try:
                 await self._hold(peer, reader, writer)
             except (OSError, TimeoutError) as exc:
@@ -391,7 +433,7 @@ class PeerTransport:
             finally:
                 peer.writer = None
                 close_writer(writer)
-            delay = await self._backoff(delay)
+            delay = await self._backoff(delay, peer)
 
     async def _hold(self, peer: _Peer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Keep an outbound link alive until the peer closes it."""
@@ -484,8 +526,23 @@ class PeerTransport:
         # window, instead of a timer per frame: a silent link still times out.
         loop = asyncio.get_running_loop()
         idle = self._idle_timeout
-        async with asyncio.timeout_at(loop.time() + idle) as deadline:
-            await self._serve_raft_frames(frm, reader, deadline, loop, idle)
+        try:
+            async with asyncio.timeout_at(loop.time() + idle) as deadline:
+                await self._serve_raft_frames(frm, reader, deadline, loop, idle)
+        except TimeoutError:
+            raise  # silent, not closed: the idle timeout is the keepalive's business
+        except (EOFError, OSError):
+            self._inbound_closed(frm)
+            raise
+
+    def _inbound_closed(self, node_id: int) -> None:
+        """``node_id``'s link to us closed: if ours to it is down, redial now (and report
+        the peer lost if that fails); if ours is up, it notices a dead peer by itself."""
+        peer = self._peers.get(node_id)
+        if peer is None or self._stopping or self.connected(node_id):
+            return
+        peer.armed = True
+        peer.wake.set()
 
     async def _serve_raft_frames(self, frm: int, reader: asyncio.StreamReader,
                                  deadline: asyncio.Timeout, loop: asyncio.AbstractEventLoop,

@@ -15,7 +15,9 @@ What is modelled (details in tests/raft/sim/README.md):
   ``random.Random``: messages are delayed, reordered, dropped, duplicated, held
   back for many ticks, and cut by symmetric, one-way or leader-isolating partitions;
 - nodes crash (losing everything not on disk, sometimes between sending and
-  persisting a Ready) and restart from what they persisted;
+  persisting a Ready) and restart from what they persisted; under the
+  ``failover`` profile a crash closes the node's links and its peers' transports
+  say so (``leader_unreachable``), and some live links are reported lost too;
 - membership changes (simple and joint) and leadership transfers happen mid-flight;
 - a client proposes writes and issues ReadIndex (or lease) reads; some clocks run
   fast within the configured drift bound.

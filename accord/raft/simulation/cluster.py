@@ -39,6 +39,7 @@ from accord.raft.simulation.nemesis import (
 from accord.raft.simulation.profiles import (
     DRIFT_WINDOW,
     LEASE_DRIFT,
+    PEER_LOST,
     ROUNDS_PER_TICK,
     SNAP_FAIL,
     SNAP_OK,
@@ -170,6 +171,24 @@ class Simulation:
         node.servable.clear()
         node.writes.clear()
         self.trace(f"node {nid} CRASHES")
+        p = self.cfg.profile
+        if p.conn_loss and self.rng.random() < p.conn_loss:
+            for other in self.alive():
+                if (nid, other.id) in self.blocked:
+                    continue  # a cut link carries no FIN either
+                # TCP delivers what was sent before the FIN: the report comes after the
+                # crashed node's messages still in flight to this node.
+                last = max((due for due, _, _, m in self.queue
+                            if m.frm == nid and m.to == other.id), default=0)
+                after = max(self.rng.randint(1, p.max_delay), last + 1 - self.round)
+                self.report_peer_lost(other.id, nid, after)
+
+    def report_peer_lost(self, observer: int, peer: int, after_rounds: int = 1) -> None:
+        """In ``after_rounds`` rounds, tell ``observer`` its link to ``peer`` is lost (the
+        transport's peer-lost report, which the host turns into ``leader_unreachable``)."""
+        node = self.nodes[observer]
+        self.reports.append((self.round + after_rounds, observer, node.incarnation, peer,
+                             PEER_LOST))
 
     def leader(self) -> SimNode | None:
         """The up node that leads the highest term, if any."""
@@ -256,6 +275,9 @@ class Simulation:
                 continue
             if kind == UNREACHABLE:
                 sender.core.report_unreachable(to)
+            elif kind == PEER_LOST:
+                if sender.core.leader_unreachable(to):
+                    self.trace(f"node {frm} lost its link to leader {to}: campaigns early")
             else:
                 sender.core.report_snapshot(to, kind == SNAP_OK)
         while self.queue and self.queue[0][0] <= self.round:

@@ -59,6 +59,24 @@ def fault_step(sim: Simulation) -> None:
         _random_conf_change(sim)
     if rng.random() < p.transfer_rate:
         _random_transfer(sim)
+    if p.spurious_loss_rate and rng.random() < p.spurious_loss_rate:
+        _spurious_link_loss(sim)
+
+
+def _spurious_link_loss(sim: Simulation) -> None:
+    """Tell a node its link to a live peer (mostly the leader) is lost: a blip."""
+    rng = sim.rng
+    up = sim.alive()
+    if len(up) < 2:
+        return
+    observer = rng.choice(up)
+    leader = sim.leader()
+    if leader is not None and leader is not observer and rng.random() < 0.8:
+        peer = leader.id
+    else:
+        peer = rng.choice([n.id for n in up if n is not observer])
+    sim.trace(f"node {observer.id} is told its link to live node {peer} is lost")
+    sim.report_peer_lost(observer.id, peer)
 
 
 def new_leader_fault(sim: Simulation, leader: SimNode) -> None:

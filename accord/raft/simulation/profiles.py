@@ -13,8 +13,9 @@ ROUNDS_PER_TICK = 4
 """Network rounds per clock tick: messages take 1..max_delay rounds to arrive."""
 LEASE_DRIFT = 2
 """clock_drift_ticks given to cores in lease-read profiles."""
-SNAP_OK, SNAP_FAIL, UNREACHABLE = 1, 0, 2
-"""Kinds of transport reports the simulator hands back to senders."""
+SNAP_OK, SNAP_FAIL, UNREACHABLE, PEER_LOST = 1, 0, 2, 3
+"""Kinds of transport reports the simulator hands back to nodes (``PEER_LOST``: the
+node's link to the peer closed and could not be redialed, ``leader_unreachable``)."""
 DRIFT_WINDOW = 9
 """A fast clock gains one tick per this many ticks (> election_tick - LEASE_DRIFT)."""
 
@@ -54,6 +55,13 @@ class FaultProfile:
     """Chance that a leader is cut off the moment its commit index advances."""
     lease_read: bool = False
     """Leader-lease reads (clock_drift_ticks=2); some clocks then run fast within that bound."""
+    conn_loss: float = 0.0
+    """Chance that a crash closes the node's connections (a killed process, not a lost
+    machine): every node still linked to it is told the link is lost, 1..max_delay rounds
+    later."""
+    spurious_loss_rate: float = 0.0
+    """Chance per tick that one node is told its link to another (mostly the live leader)
+    is lost although that node is fine: a blip whose redial failed."""
 
 
 PROFILES: dict[str, FaultProfile] = {
@@ -77,6 +85,9 @@ PROFILES: dict[str, FaultProfile] = {
         FaultProfile("lease", drop=0.05, max_delay=4, partition_rate=0.08, crash_rate=0.02,
                      transfer_rate=0.03, compact_every=20, read_rate=0.9, leader_bias=0.6,
                      lease_read=True),
+        FaultProfile("failover", drop=0.03, max_delay=4, crash_rate=0.025, down_ticks=(1, 20),
+                     partition_rate=0.02, compact_every=15, leader_bias=0.8, conn_loss=0.9,
+                     spurious_loss_rate=0.1),
         FaultProfile("chaos", drop=0.08, dup=0.05, max_delay=6, straggler=0.01,
                      partition_rate=0.04,
                      crash_rate=0.03, conf_change_rate=0.04, transfer_rate=0.03,
