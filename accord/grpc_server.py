@@ -67,6 +67,10 @@ class ServerOptions:
     keepalive_timeout_ms: int = 20_000
     """and closes the connection if the ping is not answered in time."""
     max_concurrent_streams: int = 2**31 - 1
+    max_pending_requests: int = 1 << 20
+    """Calls gRPC's core may hold for the Python server before refusing more. Its default
+    (1,000; hard limit 3,000) cancels calls once about a thousand are in flight, which
+    etcd never does; a coordination store serving thousands of clients needs more."""
 
     def __post_init__(self) -> None:
         for name in self.__slots__:
@@ -87,6 +91,8 @@ class ServerOptions:
             ("grpc.max_receive_message_length", self.max_request_bytes + GRPC_OVERHEAD_BYTES),
             ("grpc.max_concurrent_streams", self.max_concurrent_streams),
             ("grpc.so_reuseport", 0),
+            ("grpc.server.max_pending_requests", self.max_pending_requests),
+            ("grpc.server.max_pending_requests_hard_limit", self.max_pending_requests),
         ]
 
 

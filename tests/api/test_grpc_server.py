@@ -175,3 +175,15 @@ async def test_hasleader_watch_ends_when_leader_is_lost(running: Running) -> Non
     finally:
         backend.header_info = real  # type: ignore[method-assign]
         never.set()
+
+
+async def test_thousands_of_calls_in_flight_are_all_served(running: Running) -> None:
+    """gRPC's core cancels calls beyond ~1,000 waiting for the Python server unless told
+    otherwise; etcd serves them all, and so must accord."""
+    kv = rpc_pb2_grpc.KVStub(running.channel)
+    await kv.Put(rpc_pb2.PutRequest(key=b"k", value=b"v"), timeout=5)
+    calls = [kv.Range(rpc_pb2.RangeRequest(key=b"k"), timeout=60) for _ in range(4000)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert not failed, f"{len(failed)} of 4000 calls failed, first: {failed[0]!r}"
+    assert all(r.kvs[0].value == b"v" for r in results)  # type: ignore[union-attr]

@@ -43,20 +43,20 @@ def follower(c: ProcCluster) -> str:
 
 def test_kv_through_a_follower(cluster: ProcCluster) -> None:
     ep = follower(cluster)
-    assert etcdctl(ep, "put", "/c/a", "1").strip() == "OK"
-    etcdctl(ep, "put", "/c/b", "2")
-    assert etcdctl(ep, "put", "/c/a", "1b", "--prev-kv").splitlines() == ["OK", "/c/a", "1"]
+    assert etcdctl(ep, "put", "/c/x/a", "1").strip() == "OK"
+    etcdctl(ep, "put", "/c/x/b", "2")
+    assert etcdctl(ep, "put", "/c/x/a", "1b", "--prev-kv").splitlines() == ["OK", "/c/x/a", "1"]
     got = etcdctl_json(ep, "get", "/c/", "--prefix", "--limit", "1", "--sort-by=KEY",
                        "--order=DESCEND")
     assert got["count"] == 2 and got["more"] is True
-    assert base64.b64decode(got["kvs"][0]["key"]) == b"/c/b"
+    assert base64.b64decode(got["kvs"][0]["key"]) == b"/c/x/b"
     rev = got["kvs"][0]["create_revision"]
-    assert etcdctl(ep, "get", "/c/b", f"--rev={rev}", "--print-value-only").strip() == "2"
-    assert etcdctl(ep, "get", "/c/", "--prefix", "--keys-only").split() == ["/c/a", "/c/b"]
-    assert etcdctl(ep, "del", "/c/a").strip() == "1"
-    txn = "value(\"/c/b\") = \"2\"\n\nput /c/t yes\n\nput /c/t no\n\n"
+    assert etcdctl(ep, "get", "/c/x/b", f"--rev={rev}", "--print-value-only").strip() == "2"
+    assert etcdctl(ep, "get", "/c/", "--prefix", "--keys-only").split() == ["/c/x/a", "/c/x/b"]
+    assert etcdctl(ep, "del", "/c/x/a").strip() == "1"
+    txn = "value(\"/c/x/b\") = \"2\"\n\nput /c/x/t yes\n\nput /c/x/t no\n\n"
     assert etcdctl(ep, "txn", stdin=txn).splitlines()[:2] == ["SUCCESS", ""]
-    assert etcdctl(eps(cluster), "get", "/c/t", "--print-value-only").strip() == "yes"
+    assert etcdctl(eps(cluster), "get", "/c/x/t", "--print-value-only").strip() == "yes"
 
 
 def test_watch_sees_writes_made_through_another_member(cluster: ProcCluster) -> None:
