@@ -311,6 +311,57 @@ async def accord_cell(
             "first_error": first_error[0] if first_error else ""}
 
 
+async def accord_batch_cell(
+    endpoints: list[str], writers: int, warmup: float, duration: float, keys: int,
+    max_ops: int, partitions: int, bulk: int = 0,
+) -> dict[str, Any]:
+    """``writers`` tasks looping ``PutBatcher.put`` (accord's batching client API): the
+    puts in flight are coalesced into Txns of up to ``max_ops`` puts per partition."""
+    from accord.client import AccordClient
+
+    value = os.urandom(VALUE_SIZE)
+    per_writer = max(1, keys // writers, bulk)
+    st = {"ok": 0, "errors": 0}
+    first_error: list[str] = []
+    stop = asyncio.Event()
+
+    async with AccordClient(endpoints, call_timeout_s=10.0) as client:
+        batcher = client.batcher(max_ops=max_ops)
+
+        async def writer(w: int) -> None:
+            prefix, i = f"/bench/p{w % partitions}/w{w}-", 0
+            while not stop.is_set():
+                try:
+                    if bulk:
+                        # put_many: one call hands over ``bulk`` writes spread over the
+                        # partitions (no task per write on the client).
+                        items = [(f"/bench/p{(i + j) % partitions}/w{w}-{(i + j) % per_writer}",
+                                  value) for j in range(bulk)]
+                        await batcher.put_many(items)
+                        st["ok"] += bulk
+                        i += bulk
+                        continue
+                    await batcher.put(f"{prefix}{i % per_writer}", value)
+                    st["ok"] += 1
+                    i += 1
+                except Exception as e:  # counted, not fatal: the table shows errors
+                    st["errors"] += 1
+                    if not first_error:
+                        first_error.append(repr(e)[:300])
+
+        tasks = [asyncio.create_task(writer(w)) for w in range(writers)]
+        try:
+            await asyncio.sleep(warmup)
+            c0, t0 = st["ok"], time.monotonic()
+            await asyncio.sleep(duration)
+            c1, t1 = st["ok"], time.monotonic()
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30.0)
+    return {"writes": c1 - c0, "seconds": t1 - t0, "errors": st["errors"],
+            "first_error": first_error[0] if first_error else "", "batches": batcher.batches}
+
+
 # --- the benchmark --------------------------------------------------------------------------
 PSYNC_VARIANTS: dict[str, dict[str, Any]] = {
     "psync": {},  # PySyncObj's defaults: commands batched, sent every appendEntriesPeriod
@@ -345,6 +396,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="puts per accord Txn in the batched cells (default 64; 0: no such cells)")
     p.add_argument("--txn-writers", default="1,32",
                    help="concurrent Txn writers of the batched accord cells (default 1,32)")
+    p.add_argument("--batch-writers", default="1024,4096",
+                   help="concurrent writers of the accord-batch cells, through the batching "
+                        "client API PutBatcher (default 1024,4096; empty: no such cells)")
+    p.add_argument("--bulk-writers", default="8",
+                   help="concurrent writers of the accord-bulk cells, each looping "
+                        "PutBatcher.put_many of --bulk-items writes (default 8; empty: none)")
+    p.add_argument("--bulk-items", type=int, default=2048, help="writes per put_many (default 2048)")
+    p.add_argument("--batch-ops", type=int, default=128,
+                   help="most puts per batch (default 128, the Txn op limit)")
+    p.add_argument("--partitions", type=int, default=8,
+                   help="partition keys the batch writers' keys spread over (default 8)")
     p.add_argument("--node", nargs=3, metavar=("SELF", "PARTNERS", "CONF"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.node:
@@ -352,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                          json.loads(args.node[2]))
     levels = _levels(p, args.writers, "--writers")
     txn_levels = _levels(p, args.txn_writers, "--txn-writers") if args.txn_batch > 1 else []
+    batch_levels = _levels(p, args.batch_writers, "--batch-writers")
+    bulk_levels = _levels(p, args.bulk_writers, "--bulk-writers")
     if not levels or args.reps < 1 or args.duration <= 0 or args.warmup < 0 or args.keys < 1 \
             or args.txn_batch < 0:
         p.error("--writers non-empty, --reps >= 1, --duration > 0, --warmup >= 0, --keys >= 1, "
@@ -374,11 +438,17 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(args.reps):
                 todo = [(s, w, 0) for w in levels for s in [*psyncs, "accord"]]
                 todo += [("accord-txn", w, args.txn_batch) for w in txn_levels]
+                todo += [("accord-batch", w, args.batch_ops) for w in batch_levels]
+                todo += [("accord-bulk", w, args.batch_ops) for w in bulk_levels]
                 if rep % 2:
                     todo.reverse()
                 for system, wr, batch in todo:
                     if system in psyncs:
                         r = psyncs[system].run(wr, args.warmup, args.duration, args.keys)
+                    elif system in ("accord-batch", "accord-bulk"):
+                        bulk = args.bulk_items if system == "accord-bulk" else 0
+                        r = asyncio.run(accord_batch_cell(eps, wr, args.warmup, args.duration,
+                                                          args.keys, batch, args.partitions, bulk))
                     else:
                         r = asyncio.run(accord_cell(eps, wr, args.warmup, args.duration,
                                                     args.keys, batch))
@@ -389,11 +459,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for c in psyncs.values():
                 c.stop()
-    return report(args, levels, txn_levels, results, time.time() - started)
+    return report(args, levels, txn_levels, batch_levels, bulk_levels, results,
+                  time.time() - started)
 
 
 def report(args: argparse.Namespace, levels: list[int], txn_levels: list[int],
-           results: dict[tuple[str, int], list[dict[str, Any]]], elapsed: float) -> int:
+           batch_levels: list[int], bulk_levels: list[int], results: dict[tuple[str, int], list[dict[str, Any]]], elapsed: float) -> int:
     """Print the table of medians and the JSON line."""
     med = {k: statistics.median(_rate(r) for r in v) for k, v in results.items()}
     errs = {k: sum(int(r["errors"]) for r in v) for k, v in results.items()}
@@ -442,6 +513,24 @@ def report(args: argparse.Namespace, levels: list[int], txn_levels: list[int],
     else:
         print(f"best of each: PySyncObj {best_ps:.0f}; accord puts {best_put:.0f} "
               f"({best_put / best_ps:.2f}x)  [issue #9 goal: >= 3x]")
+    for w in batch_levels:
+        bt = med[("accord-batch", w)]
+        print(f"accord-batch: {w} writers through PutBatcher (<= {args.batch_ops} puts per "
+              f"Txn, {args.partitions} partitions): {bt:.0f} writes/s "
+              f"(errors {errs[('accord-batch', w)]})")
+        rows[f"batch_writers{w}"] = {"accord_writes_s": round(bt, 1)}
+    for w in bulk_levels:
+        bk = med[("accord-bulk", w)]
+        print(f"accord-bulk: {w} writers x PutBatcher.put_many of {args.bulk_items}: "
+              f"{bk:.0f} writes/s (errors {errs[('accord-bulk', w)]})")
+        rows[f"bulk{args.bulk_items}_writers{w}"] = {"accord_writes_s": round(bk, 1)}
+    if batch_levels or bulk_levels:
+        best_bt = max([med[("accord-batch", w)] for w in batch_levels]
+                      + [med[("accord-bulk", w)] for w in bulk_levels])
+        out["accord_batch_best_writes_s"] = round(best_bt, 1)
+        out["batch_ratio"] = round(best_bt / best_ps, 3) if best_ps else None
+        print(f"accord's batching client API, best: {best_bt:.0f} writes/s = "
+              f"{best_bt / best_ps:.2f}x PySyncObj's best  [issue #9 goal: >= 3x]")
     print(json.dumps(out))
     return 0
 

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from accord.client.batch import PutBatcher
 from accord.client.client import AccordClient
 from accord.client.election import Election
 from accord.client.errors import (
@@ -35,6 +36,7 @@ __all__ = [
     "NoLeader",
     "NotHeld",
     "NotLeader",
+    "PutBatcher",
     "Session",
     "SessionExpired",
     "Unavailable",

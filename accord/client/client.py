@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import grpc
 
 from accord.client import stubs
+from accord.client.batch import DEFAULT_MAX_OPS, PutBatcher
 from accord.client.election import Election
 from accord.client.lock import Lock
 from accord.client.lockstore import ClientLockStore
@@ -89,6 +90,11 @@ class AccordClient:
             )
             return int(r.deleted)
         return await self.pool.call(call)
+
+    def batcher(self, *, max_ops: int = DEFAULT_MAX_OPS, max_in_flight: int = 64) -> PutBatcher:
+        """A :class:`~accord.client.batch.PutBatcher`: concurrent puts sent as Txns of up
+        to ``max_ops`` puts per partition (one round trip and one fsync per batch)."""
+        return PutBatcher(self, max_ops=max_ops, max_in_flight=max_in_flight)
 
     # --- leases ---------------------------------------------------------------------------
     async def lease_grant(self, ttl: int) -> rpc_pb2.LeaseGrantResponse:
