@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 import uuid
@@ -30,33 +29,22 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import json_format
 
+from accord import cli_common
 from accord.proto import scheduling_pb2 as pb
 from accord.proto import scheduling_pb2_grpc
 
 _stubs: Any = scheduling_pb2_grpc  # the generated stubs carry no type annotations
 T = TypeVar("T")
 TIMEOUT = 20.0
-_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def _endpoints(raw: str | None) -> list[str]:
-    spec = raw or os.environ.get("ACCORD_ENDPOINTS") or "127.0.0.1:2379"
-    return [e.strip().removeprefix("http://") for e in spec.split(",") if e.strip()]
+    return cli_common.endpoints(raw)
 
 
 def _first(endpoints: list[str], call: Callable[[Any], T]) -> T:
     """Run ``call(stub)`` against the first endpoint that answers."""
-    last: grpc.RpcError | None = None
-    for ep in endpoints:
-        with grpc.insecure_channel(ep) as ch:
-            try:
-                return call(_stubs.SchedulerStub(ch))
-            except grpc.RpcError as e:
-                last = e
-                if e.code() not in _RETRY:
-                    break
-    assert last is not None
-    raise last
+    return cli_common.first(endpoints, lambda ch: call(_stubs.SchedulerStub(ch)))
 
 
 def _rid() -> str:

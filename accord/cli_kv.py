@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
 
+from accord import cli_common
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 
 _stubs: Any = rpc_pb2_grpc  # the generated stubs carry no type annotations
@@ -26,23 +26,12 @@ TIMEOUT = 5.0
 
 
 def _endpoints(raw: str | None) -> list[str]:
-    spec = raw or os.environ.get("ACCORD_ENDPOINTS") or "127.0.0.1:2379"
-    return [e.strip().removeprefix("http://") for e in spec.split(",") if e.strip()]
+    return cli_common.endpoints(raw)
 
 
 def _first(endpoints: list[str], call: Callable[[grpc.Channel], T]) -> T:
     """Run ``call`` against the first endpoint that answers."""
-    last: grpc.RpcError | None = None
-    for ep in endpoints:
-        with grpc.insecure_channel(ep) as ch:
-            try:
-                return call(ch)
-            except grpc.RpcError as e:
-                last = e
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    break
-    assert last is not None
-    raise last
+    return cli_common.first(endpoints, call)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -263,6 +263,23 @@ def _read_reply(stream: IO[str], timeout: float) -> dict[str, Any]:
 
 
 # --- accord through its own client ---------------------------------------------------------
+async def _window(
+    writer: Any, writers: int, warmup: float, duration: float, st: dict[str, int],
+    stop: asyncio.Event,
+) -> tuple[int, int, float, float]:
+    """Run ``writers`` copies of ``writer(w)``; writes counted and times over the window."""
+    tasks = [asyncio.create_task(writer(w)) for w in range(writers)]
+    try:
+        await asyncio.sleep(warmup)
+        c0, t0 = st["ok"], time.monotonic()
+        await asyncio.sleep(duration)
+        c1, t1 = st["ok"], time.monotonic()
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30.0)
+    return c0, c1, t0, t1
+
+
 async def accord_cell(
     endpoints: list[str], writers: int, warmup: float, duration: float, keys: int, txn_batch: int
 ) -> dict[str, Any]:
@@ -298,15 +315,7 @@ async def accord_cell(
                     if not first_error:
                         first_error.append(repr(e)[:300])
 
-        tasks = [asyncio.create_task(writer(w)) for w in range(writers)]
-        try:
-            await asyncio.sleep(warmup)
-            c0, t0 = st["ok"], time.monotonic()
-            await asyncio.sleep(duration)
-            c1, t1 = st["ok"], time.monotonic()
-        finally:
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30.0)
+        c0, c1, t0, t1 = await _window(writer, writers, warmup, duration, st, stop)
     return {"writes": c1 - c0, "seconds": t1 - t0, "errors": st["errors"],
             "first_error": first_error[0] if first_error else ""}
 
@@ -349,15 +358,7 @@ async def accord_batch_cell(
                     if not first_error:
                         first_error.append(repr(e)[:300])
 
-        tasks = [asyncio.create_task(writer(w)) for w in range(writers)]
-        try:
-            await asyncio.sleep(warmup)
-            c0, t0 = st["ok"], time.monotonic()
-            await asyncio.sleep(duration)
-            c1, t1 = st["ok"], time.monotonic()
-        finally:
-            stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30.0)
+        c0, c1, t0, t1 = await _window(writer, writers, warmup, duration, st, stop)
     return {"writes": c1 - c0, "seconds": t1 - t0, "errors": st["errors"],
             "first_error": first_error[0] if first_error else "", "batches": batcher.batches}
 
