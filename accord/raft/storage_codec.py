@@ -71,6 +71,7 @@ RECORD_HEADER = struct.Struct("<BBBxQII")
 RECORD_HEADER_SIZE = RECORD_HEADER.size  # 20
 _RECORD_PREFIX = struct.Struct("<BBBxQI")  # the 16 header bytes the CRC covers
 _POSITION = struct.Struct("<QQ")
+_CRC_INPUT = struct.Struct("<QQBBBxQI")  # position, then the 16 covered header bytes
 MAX_PAYLOAD = 1 << 30
 _RECORD_START = bytes([RECORD_MAGIC, FORMAT_VERSION])
 
@@ -340,9 +341,9 @@ def record_size(payload_len: int) -> int:
 
 def frame_record(seq: int, offset: int, rtype: int, group: int, payload: bytes) -> bytes:
     """Header + payload of one record written at ``offset`` of segment ``seq``."""
-    prefix = _RECORD_PREFIX.pack(RECORD_MAGIC, FORMAT_VERSION, rtype, group, len(payload))
-    crc = crc32c.crc32c(payload, crc32c.crc32c(_POSITION.pack(seq, offset) + prefix))
-    return b"".join((prefix, crc.to_bytes(4, "little"), payload))
+    head = _CRC_INPUT.pack(seq, offset, RECORD_MAGIC, FORMAT_VERSION, rtype, group, len(payload))
+    crc = crc32c.crc32c(payload, crc32c.crc32c(head))
+    return b"".join((head[16:], crc.to_bytes(4, "little"), payload))
 
 
 def segment_header(seq: int) -> bytes:

@@ -34,6 +34,17 @@ fsync fails the log stops for good: that append and every later one raise
 pages, so retrying it could report success for data that is gone). Cancelling an
 ``append`` does not withdraw the batch: it will still be written.
 
+Threads and wake-ups (what one append costs besides its write and fdatasync): an
+``append`` validates and encodes its batch on the event loop, queues it, and
+schedules one ``_kick`` per loop turn, which rings the writer's doorbell (a C-level
+queue) after the turn's other callbacks, when the loop is about to block and the
+GIL is about to be free. The writer frames the records (CRC), writes them in one
+``write``, runs one ``fdatasync``, and rings the loop's own completion doorbell: an
+eventfd the loop watches with ``add_reader``, rung through ``os.eventfd_write``,
+which releases the GIL around the syscall, so the loop thread wakes to a free GIL
+(``call_soon_threadsafe`` under uvloop rings with the GIL held, and the woken loop
+thread went back to sleep until the writer let go of it).
+
 Segments rotate at ``segment_bytes``. The new segment starts with a copy of every
 group's hard state, conf state and snapshot marker, so that older segments only
 matter for the entries they hold; the oldest segments are deleted (one by one,
@@ -68,6 +79,7 @@ import fcntl
 import os
 import queue
 import threading
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,12 +189,65 @@ class _SyncWaiter:
         self.error: BaseException | None = None
 
 
+_Done = tuple[list[asyncio.Future[None]], BaseException | None]
+
+
+class _LoopLink:
+    """One event loop's two doorbells with the writer thread.
+
+    ``done`` holds batches of futures the writer has finished (durable, or failed);
+    the writer rings ``fd`` (an eventfd the loop watches with ``add_reader``) after
+    queueing them. ``os.eventfd_write`` releases the GIL around the syscall, so the
+    loop thread wakes to a free GIL instead of waking, finding the writer still
+    holding it, and sleeping again (what ``call_soon_threadsafe`` costs: uvloop rings
+    its async handle with the GIL held). ``kick_pending`` is True while a ``_kick``
+    of the writer is scheduled on this loop (one per loop turn).
+    """
+
+    __slots__ = ("done", "fd", "kick_pending", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.done: deque[_Done] = deque()
+        self.kick_pending = False
+        try:
+            loop.add_reader(self.fd, self.drain)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def drain(self) -> None:
+        """On the loop: resolve every future the writer has finished."""
+        if self.fd < 0:
+            return
+        try:
+            os.eventfd_read(self.fd)
+        except BlockingIOError:
+            pass
+        done = self.done
+        while done:
+            futs, exc = done.popleft()
+            _resolve(futs, exc)
+
+    def detach(self) -> None:
+        """On the loop (or with the loop stopped): settle what is done, stop watching."""
+        if self.fd < 0:
+            return
+        if not self.loop.is_closed():
+            self.drain()
+            self.loop.remove_reader(self.fd)
+        os.close(self.fd)
+        self.fd = -1
+
+
 @dataclass(slots=True)
 class _Item:
     groups: dict[int, GroupWrite]
     records: list[tuple[int, int, bytes]]
     size: int
     waiter: asyncio.Future[None] | _SyncWaiter
+    link: _LoopLink | None
 
 
 def _resolve(futs: list[asyncio.Future[None]], exc: BaseException | None) -> None:
@@ -194,17 +259,35 @@ def _resolve(futs: list[asyncio.Future[None]], exc: BaseException | None) -> Non
                 f.set_exception(exc)
 
 
-def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
+def _deliver(link: _LoopLink, futs: list[asyncio.Future[None]], exc: BaseException | None) -> None:
+    """Writer thread: hand settled futures to their loop and ring it.
+
+    ``os.eventfd_write`` releases the GIL around the syscall. Links are closed only
+    after the writer has stopped (see ``close``); the check and the guard only keep
+    a misuse from killing the writer thread.
+    """
+    link.done.append((futs, exc))
+    if link.fd >= 0:
+        try:
+            os.eventfd_write(link.fd, 1)
+        except OSError:
+            pass
 
 
-def _encode(group: int, gw: GroupWrite, out: list[tuple[int, int, bytes]]) -> None:
+def _write_all(fd: int, data: bytes | bytearray) -> None:
+    n = os.write(fd, data)
+    if n < len(data):  # a short write (rare): finish it
+        view = memoryview(data)[n:]
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+def _encode(group: int, gw: GroupWrite, out: list[tuple[int, int, bytes]]) -> int:
+    """Append ``gw``'s records to ``out``; returns their size on disk."""
+    n = len(out)
     if gw.remove:
         out.append((RecordType.REMOVE_GROUP, group, EMPTY_PAYLOAD))
-        return
+        return RECORD_HEADER_SIZE + len(EMPTY_PAYLOAD)
     if gw.install is not None:
         out.append((RecordType.SNAPSHOT, group, encode_snapshot_meta(gw.install)))
     if gw.compact is not None:
@@ -215,6 +298,10 @@ def _encode(group: int, gw: GroupWrite, out: list[tuple[int, int, bytes]]) -> No
         out.append((RecordType.CONF_STATE, group, encode_conf_state(*gw.conf)))
     if gw.hard_state is not None:
         out.append((RecordType.HARD_STATE, group, encode_hard_state(gw.hard_state)))
+    size = 0
+    for i in range(n, len(out)):
+        size += RECORD_HEADER_SIZE + len(out[i][2])
+    return size
 
 
 def _validate(group: int, gw: GroupWrite, lg: _Logical | None) -> _Logical:
@@ -270,10 +357,9 @@ class WriteAheadLog:
         self._sync_file = os.fdatasync
         self._mu = threading.Lock()
         self._pending: list[_Item] = []
-        # A C-level queue as the writer's doorbell: waking the thread through it costs far
-        # less on the event loop than threading.Event (a Python-level Condition).
+        # The writer's doorbell: a C-level queue, rung with the GIL held (see _kick).
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self._kicks: set[asyncio.AbstractEventLoop] = set()
+        self._links: dict[asyncio.AbstractEventLoop, _LoopLink] = {}
         self._closed = False
         self._failed: WALFatalError | None = None
         self._logical: dict[int, _Logical] = {}
@@ -402,9 +488,12 @@ class WriteAheadLog:
         and the writer does not fight the busy loop thread for the GIL).
         """
         loop = asyncio.get_running_loop()
+        link = self._links.get(loop)
+        if link is None:
+            link = self._attach(loop)
         fut: asyncio.Future[None] = loop.create_future()
-        if self._submit(batch, fut, loop):
-            loop.call_soon(self._kick, loop)
+        if self._submit(batch, fut, link):
+            loop.call_soon(self._kick, link)
         await fut
 
     def append_sync(self, batch: WriteBatch) -> None:
@@ -417,13 +506,21 @@ class WriteAheadLog:
         if w.error is not None:
             raise w.error
 
+    def _attach(self, loop: asyncio.AbstractEventLoop) -> _LoopLink:
+        """First append from ``loop``: give it a completion doorbell."""
+        with self._mu:
+            if self._closed:
+                raise RuntimeError("the write-ahead log is closed")
+            link = self._links[loop] = _LoopLink(loop)
+        return link
+
     def _submit(
         self,
         batch: WriteBatch,
         waiter: asyncio.Future[None] | _SyncWaiter,
-        loop: asyncio.AbstractEventLoop | None,
+        link: _LoopLink | None,
     ) -> bool:
-        """Validate, encode and queue; True if ``loop`` must schedule a ``_kick``."""
+        """Validate, encode and queue; True if ``link``'s loop must schedule a ``_kick``."""
         if batch._sealed:
             raise ValueError("this WriteBatch was already appended; build a new one")
         groups = batch.groups
@@ -435,24 +532,30 @@ class WriteAheadLog:
             logical = self._logical
             updates = [(g, _validate(g, gw, logical.get(g))) for g, gw in groups.items()]
             records: list[tuple[int, int, bytes]] = []
+            size = 0
             for g, gw in groups.items():
-                _encode(g, gw, records)
+                size += _encode(g, gw, records)
             for g, st in updates:
                 logical[g] = st
             batch._sealed = True
-            size = sum(RECORD_HEADER_SIZE + len(p) for _, _, p in records)
-            self._pending.append(_Item(groups, records, size, waiter))
-            if loop is None:
+            self._pending.append(_Item(groups, records, size, waiter, link))
+            if link is None:
                 self._wake.put(None)
                 return False
-            if loop in self._kicks:
+            if link.kick_pending:
                 return False
-            self._kicks.add(loop)
+            link.kick_pending = True
             return True
 
-    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
-        with self._mu:
-            self._kicks.discard(loop)
+    def _kick(self, link: _LoopLink) -> None:
+        """Ring the writer: scheduled once per loop turn, after the turn's appends.
+
+        Rung with the GIL held (unlike the completion doorbell): the loop thread is
+        about to block in its poll, and the writer needs a few microseconds to wake,
+        so it finds the GIL free. Ringing through a GIL-releasing syscall instead lets
+        the writer grab the GIL mid-turn and the loop thread then waits for it.
+        """
+        link.kick_pending = False
         self._wake.put(None)
 
     # -- the writer thread
@@ -470,6 +573,7 @@ class WriteAheadLog:
             if exc is None and work:
                 try:
                     self._write(work)
+                    self._track(work)
                 except Exception as e:
                     exc = self._fail(e)
             self._notify(work, exc)
@@ -488,19 +592,29 @@ class WriteAheadLog:
         return err
 
     def _notify(self, work: list[_Item], exc: BaseException | None) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+        """Settle every waiter of ``work``: one ring per event loop, sync waiters directly."""
+        if len(work) == 1 and work[0].link is not None:  # a lone proposer: no grouping
+            it = work[0]
+            assert not isinstance(it.waiter, _SyncWaiter)
+            _deliver(work[0].link, [it.waiter], exc)
+            return
+        by_link: dict[_LoopLink, list[asyncio.Future[None]]] = {}
         for it in work:
             w = it.waiter
-            if isinstance(w, _SyncWaiter):
+            link = it.link
+            if link is None:
+                assert isinstance(w, _SyncWaiter)
                 w.error = exc
                 w.event.set()
             else:
-                by_loop.setdefault(w.get_loop(), []).append(w)
-        for loop, futs in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_resolve, futs, exc)
-            except RuntimeError:
-                pass  # the loop is closed; nobody is waiting any more
+                assert not isinstance(w, _SyncWaiter)
+                futs = by_link.get(link)
+                if futs is None:
+                    by_link[link] = [w]
+                else:
+                    futs.append(w)
+        for link, futs in by_link.items():
+            _deliver(link, futs, exc)
 
     def _write(self, work: list[_Item]) -> None:
         total = 0
@@ -518,14 +632,22 @@ class WriteAheadLog:
                     frames.append(frame_record(seq, off, rtype, group, payload))
                     off += RECORD_HEADER_SIZE + len(payload)
             _write_all(self._fd, frames[0] if len(frames) == 1 else b"".join(frames))
-            self.stats.writes += 1
+            seg.size = off
+            # Counted before the fsync: nothing but the ring should sit between the
+            # fsync's return and the loop's wake-up.
+            stats = self.stats
+            stats.writes += 1
+            stats.bytes_written += total
+            stats.records += len(frames)
+            stats.batches += len(work)
             if self.sync:
                 self._sync_file(self._fd)
-                self.stats.fsyncs += 1
-            seg.size = off
-            self.stats.bytes_written += total
-            self.stats.records += len(frames)
-        self.stats.batches += len(work)
+                stats.fsyncs += 1
+        else:
+            self.stats.batches += len(work)
+
+    def _track(self, work: list[_Item]) -> None:
+        """After ``_write``: note what is now durable, and delete segments no group needs."""
         gc = False
         seg = self._segments[-1]
         for it in work:
@@ -639,6 +761,28 @@ class WriteAheadLog:
         if self._thread is not None:
             self._thread.join()
         self._release()
+        self._detach_loops()
+
+    def _detach_loops(self) -> None:
+        """Close every loop's completion doorbell (the writer has stopped).
+
+        Each link is detached on its own loop's thread: directly if that is this
+        thread or the loop is not running, else through ``call_soon_threadsafe``.
+        """
+        links, self._links = list(self._links.values()), {}
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        for link in links:
+            loop = link.loop
+            if loop is here or loop.is_closed() or not loop.is_running():
+                link.detach()
+            else:
+                try:
+                    loop.call_soon_threadsafe(link.detach)
+                except RuntimeError:  # closed meanwhile
+                    link.detach()
 
     def __enter__(self) -> WriteAheadLog:
         return self
