@@ -12,7 +12,9 @@ per job:
 - per class, wholly free device totals per leaf, spine and block (domain fit);
 - nodes grouped by *signature* (hardware type + sorted free shares + free CPU and
   memory): nodes with the same signature score the same, so fragmentation-guided
-  search evaluates each signature once.
+  search evaluates each signature once. Each signature also gets a number
+  (``NodeCap.sid``, ``groups``) so scoring memos key on an int instead of
+  hashing a tuple per node state per job.
 
 Mutations (``allocate``/``release``/``set_schedulable``/``set_health``) update all
 of these; nothing here decides where a job goes.
@@ -20,6 +22,7 @@ of these; nothing here decides where a job goes.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +31,10 @@ from accord.services.scheduling.model import WHOLE, Node, SchedulingError
 from accord.services.scheduling.selectors import compile_selector
 
 Signature = tuple[Any, ...]
+
+_UIDS = itertools.count(1)
+SID_LIMIT = 500_000
+"""Distinct signatures numbered before the numbering restarts (bounds memory on long runs)."""
 
 
 @dataclass(slots=True)
@@ -49,6 +56,8 @@ class NodeCap:
     """Hardware-type id (class layout + CPU + memory), part of the signature."""
     pos_of: dict[int, int]
     sig: Signature = ()
+    sid: int = -1
+    """Number of ``sig`` in the index (an int is cheap to hash; memos key on it)."""
     whole: dict[int, int] | None = None
 
     def whole_free(self, cls: int) -> int:
@@ -78,6 +87,13 @@ class CapacityIndex:
         """(level, domain) -> member leaves (for spine/block) or nodes (for leaf)."""
         self.class_free: dict[int, int] = {}
         self.sigs: dict[Signature, dict[str, None]] = {}
+        self.groups: dict[int, dict[str, None]] = {}
+        """The same groups as ``sigs``, keyed by signature number."""
+        self.sig_of: list[Signature] = []
+        """Signature by number."""
+        self._sid: dict[Signature, int] = {}
+        self.uid = next(_UIDS)
+        """Identifies this index and its signature numbering for caches kept outside it."""
         self._order = 0
         self.version = 0
         """Bumped on every change; a failed search stays failed while only allocations happen."""
@@ -291,6 +307,7 @@ class CapacityIndex:
             group.pop(name, None)
             if not group:
                 del self.sigs[nc.sig]
+                self.groups.pop(nc.sid, None)
         for c, k in nc.whole.items():
             self.buckets[c][k].pop(name, None)
             self.leaf_buckets[(c, nc.node.leaf)][k].pop(name, None)
@@ -298,6 +315,28 @@ class CapacityIndex:
             for lv, dom in (("leaf", nc.node.leaf), ("spine", nc.node.spine), ("block", nc.node.block)):
                 self.domain_free[(c, lv, dom)] -= k
         nc.whole = None
+
+    def _number(self, sig: Signature) -> int:
+        """A fresh number for ``sig``; restarts the numbering (new ``uid``) past ``SID_LIMIT``."""
+        if len(self.sig_of) >= SID_LIMIT:
+            self.uid = next(_UIDS)
+            self._sid = {}
+            self.sig_of = []
+            old = self.groups
+            self.groups = {}
+            for s, grp in self.sigs.items():
+                if grp:
+                    n = len(self.sig_of)
+                    self._sid[s] = n
+                    self.sig_of.append(s)
+                    self.groups[n] = grp
+                    for nm in grp:
+                        self.nodes[nm].sid = n
+            del old
+        sid = len(self.sig_of)
+        self._sid[sig] = sid
+        self.sig_of.append(sig)
+        return sid
 
     def _index(self, nc: NodeCap) -> None:
         self.version += 1
@@ -313,7 +352,17 @@ class CapacityIndex:
             return
         nc.whole = whole
         name = nc.node.name
-        self.sigs.setdefault(nc.sig, {})[name] = None
+        group = self.sigs.get(nc.sig)
+        if group is None:
+            group = self.sigs[nc.sig] = {}
+            sid = self._sid.get(nc.sig)
+            if sid is None:
+                sid = self._number(nc.sig)
+            self.groups[sid] = group
+            nc.sid = sid
+        else:
+            nc.sid = self._sid[nc.sig]
+        group[name] = None
         for c, k in whole.items():
             self.buckets.setdefault(c, {}).setdefault(k, {})[name] = None
             self.leaf_buckets.setdefault((c, nc.node.leaf), {}).setdefault(k, {})[name] = None

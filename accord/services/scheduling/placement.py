@@ -10,7 +10,12 @@ Policies:
   one node, one leaf switch, one spine, one block, in that order; inside a node
   one island, then one PCIe switch, then one NUMA node), then best fit among
   domains and nodes so whole islands and nodes stay free, and for single tasks
-  the node whose expected fragmentation (FGD) grows least.
+  the node whose expected fragmentation grows least (FGD-style, counting the
+  GPUs each task type would strand for lack of CPU or memory, see
+  ``fragmentation.py``), plus, when the workload has device-type constraints,
+  the supply pressure of the device class taken, so unconstrained work leaves
+  scarce types to the work that can only run there. Ties go to the fullest node
+  and device (best fit). CPU-only tasks go where they strand the fewest GPUs.
 - ``best-fit``: the same without the fragmentation measure.
 - ``first-fit``: the first node in registration order with room; lowest devices.
 - ``random``: a random node with room (seeded), topology-oblivious.
@@ -43,13 +48,25 @@ class Policy:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     max_domains: int = 16
     """Domains tried per level before giving up on that level (bounds cycle latency)."""
-    memo: dict[tuple[Any, ...], object] = field(default_factory=dict)
-    """Per (node signature, task shape) scores; cleared when the workload changes."""
+    memo: dict[tuple[Any, ...], dict[int, Any]] = field(default_factory=dict)
+    """Per task shape, per node-signature number: scores; cleared when the workload changes."""
+    memo_owner: int = -1
+    """``uid`` of the index whose signature numbers ``memo`` uses."""
 
     def set_workload(self, workload: Workload | None) -> None:
         """Use a new task-type mix for the fragmentation measure."""
         self.workload = workload
         self.memo.clear()
+
+    def memo_for(self, index: CapacityIndex, shape: tuple[Any, ...]) -> dict[int, Any]:
+        """The score memo of one task shape on ``index`` (bounded; reset for another index)."""
+        if self.memo_owner != index.uid or len(self.memo) > 4096:
+            self.memo.clear()
+            self.memo_owner = index.uid
+        per = self.memo.get(shape)
+        if per is None or len(per) > 100_000:
+            per = self.memo[shape] = {}
+        return per
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -216,26 +233,36 @@ def _quick_fit(nc: NodeCap, job: Job, c: int) -> bool:
 
 def _scored_single(index: CapacityIndex, job: Job, classes: tuple[int, ...], policy: Policy
                    ) -> tuple[NodeCap, list[int]] | None:
-    """Best fit guided by fragmentation, one evaluation per node signature (memoized)."""
+    """Best fit guided by fragmentation, one evaluation per node signature (memoized).
+
+    The key per option is (fragmentation growth + supply pressure of its device
+    class, idle capacity left on the node, free share of the device): least
+    fragmentation first, then best fit. Pressure only differs between options
+    when the workload has device-type constraints (see ``Workload.class_pressure``).
+    """
     wl = policy.workload if policy.name == "accord" else None
-    if len(policy.memo) > 400_000:
-        policy.memo.clear()
-    memo = policy.memo
     shape = (job.devices_per_task, job.gpu_milli, job.cpu_milli, job.memory_mib, classes)
+    memo = policy.memo_for(index, shape)
+    pressure: dict[int, float] | None = None
+    take_milli = job.devices_per_task * job.gpu_milli
+    if wl is not None and len(classes) > 1 and wl.has_constraints(index):
+        pressure = wl.class_pressure(index)
     best: tuple[float, int, int] | None = None
     best_pick: tuple[str, int, int] | None = None
-    for sig, names in index.sigs.items():
-        key = (sig, shape)
-        ev = memo.get(key, _MISS)
+    sig_of = index.sig_of
+    for sid, names in index.groups.items():
+        ev = memo.get(sid, _MISS)
         if ev is _MISS:
-            ev = _evaluate(index, sig, job, classes, wl)
-            memo[key] = ev
+            ev = memo[sid] = _evaluate(index, sig_of[sid], job, classes, wl)
         if ev is None:
             continue
-        assert isinstance(ev, tuple)
-        if best is None or ev[0] < best:
-            best = ev[0]
-            best_pick = (next(iter(names)), ev[1], ev[2])
+        for delta, free_total, c, f in ev:
+            if pressure is not None:
+                delta = round(delta + take_milli * pressure[c], 6)
+            k = (delta, free_total, f)
+            if best is None or k < best:
+                best = k
+                best_pick = (next(iter(names)), c, f)
     if best_pick is None:
         return None
     name, c, f = best_pick
@@ -253,8 +280,11 @@ _MISS = object()
 
 
 def _evaluate(index: CapacityIndex, sig: Signature, job: Job, classes: tuple[int, ...],
-              wl: Workload | None) -> tuple[tuple[float, int, int], int, int] | None:
-    """Score of the best way to put one task of ``job`` on a node in state ``sig``."""
+              wl: Workload | None) -> list[tuple[float, int, int, int]] | None:
+    """The ways to put one task of ``job`` on a node in state ``sig``: (growth, idle left, class, share).
+
+    One entry per device class (its best share choice), or None if the task does not fit.
+    """
     _, devs, cpu, mem = sig
     if cpu < job.cpu_milli or mem < job.memory_mib:
         return None
@@ -273,17 +303,18 @@ def _evaluate(index: CapacityIndex, sig: Signature, job: Job, classes: tuple[int
         return None
     before = wl.node_frag(index, sig) if wl is not None else 0.0
     free_total = sum(f for _, f in devs)
-    best: tuple[tuple[float, int, int], int, int] | None = None
+    best: dict[int, tuple[float, int, int, int]] = {}
     for c, f in options:
         delta = 0.0
         if wl is not None:
             after = after_taking(sig, [(c, f)] * k, milli, job.cpu_milli, job.memory_mib)
             delta = wl.node_frag(index, after) - before
         # Least fragmentation growth; then best fit: least left on the node, fullest device.
-        key = (round(delta, 6), free_total, f)
-        if best is None or key < best[0]:
-            best = (key, c, f)
-    return best
+        entry = (round(delta, 6), free_total, c, f)
+        cur = best.get(c)
+        if cur is None or (entry[0], entry[1], entry[3]) < (cur[0], cur[1], cur[3]):
+            best[c] = entry
+    return [best[c] for c in sorted(best)]
 
 
 def _cpu_only(index: CapacityIndex, job: Job, policy: Policy) -> NodeCap | None:
@@ -297,18 +328,24 @@ def _cpu_only(index: CapacityIndex, job: Job, policy: Policy) -> NodeCap | None:
         fits_l = [nc for nc in index.nodes.values() if fits(nc)]
         return policy.rng.choice(fits_l) if fits_l else None
     wl = policy.workload if policy.name == "accord" else None
+    memo = policy.memo_for(index, ("cpu-only", job.cpu_milli, job.memory_mib))
     best: tuple[float, int, int] | None = None
     pick: str | None = None
-    for sig, names in index.sigs.items():
-        if sig[2] < job.cpu_milli or sig[3] < job.memory_mib:
-            continue
-        delta = 0.0
-        if wl is not None:
-            after = (sig[0], sig[1], sig[2] - job.cpu_milli, sig[3] - job.memory_mib)
-            delta = wl.node_frag(index, after) - wl.node_frag(index, sig)
-        # Ties: the node with the least idle GPU capacity (CPU-only nodes first), then least CPU.
-        key = (round(delta, 6), sum(f for _, f in sig[1]), sig[2])
-        if best is None or key < best:
+    sig_of = index.sig_of
+    for sid, names in index.groups.items():
+        key = memo.get(sid, _MISS)
+        if key is _MISS:
+            sig = sig_of[sid]
+            key = None
+            if sig[2] >= job.cpu_milli and sig[3] >= job.memory_mib:
+                delta = 0.0
+                if wl is not None:
+                    after = (sig[0], sig[1], sig[2] - job.cpu_milli, sig[3] - job.memory_mib)
+                    delta = wl.node_frag(index, after) - wl.node_frag(index, sig)
+                # Ties: the node with the least idle GPU capacity (CPU-only nodes first), then least CPU.
+                key = (round(delta, 6), sum(f for _, f in sig[1]), sig[2])
+            memo[sid] = key
+        if key is not None and (best is None or key < best):
             best, pick = key, next(iter(names))
     return None if pick is None else index.nodes[pick]
 
