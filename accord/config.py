@@ -36,7 +36,13 @@ the same port for state exchanges); by default that is the peer host at the peer
 
 Node ids: every member's id is derived from its name and the cluster token
 (``member_id``): stable across restarts, non-zero, 63-bit, and computed the same
-way by every node from ``--initial-cluster``.
+way by every node from ``--initial-cluster``. A member added at runtime (etcd's
+MemberAdd carries peer URLs, not a name) gets its id from its peer URLs and the token
+(``joined_member_id``); the node joining with ``--initial-cluster-state existing``
+computes its own id the same way. Such a node cannot tell which other members of its
+``--initial-cluster`` were founders and which joined later, so ``peer_candidates``
+offers both ids for each; the transport handshake refuses the wrong one, and the
+node keeps only the ids the meta group's member table lists once it receives it.
 """
 
 from __future__ import annotations
@@ -116,6 +122,9 @@ class Config:
     quota_backend_bytes: int = _opt(2 << 30, "Storage quota in bytes; writes are refused above it.")
     max_txn_ops: int = _opt(128, "Most operations in one Txn.")
     snapshot_count: int = _opt(10_000, "Applied entries per group between two snapshots.")
+    member_dead_after: int = _opt(0, "Seconds a voting member may stay unreachable before the "
+                                     "meta leader removes it from the cluster (replica repair; "
+                                     "0: never).")
     log_level: str = _opt("info", "Log level: debug, info, warn, error.")
     listen_metrics_urls: list[str] = field(
         default_factory=list, metadata=_meta("Extra URLs serving /metrics and /health (default: none)."))
@@ -156,8 +165,17 @@ class Config:
         return _parse_cluster(self.initial_cluster)
 
     @property
+    def joining(self) -> bool:
+        """Whether this node joins a running cluster (``--initial-cluster-state existing``)."""
+        return self.initial_cluster_state == "existing"
+
+    @property
     def member_id(self) -> int:
-        """This node's id."""
+        """This node's id (from its peer URLs when it joins a running cluster)."""
+        if self.joining:
+            urls = self.initial_advertise_peer_urls or self.members().get(
+                self.name, self.listen_peer_urls)
+            return joined_member_id(urls, self.cluster_token)
         return member_id(self.name, self.cluster_token)
 
     @property
@@ -173,6 +191,22 @@ class Config:
         """Node id -> (host, port) of every *other* member's first peer URL."""
         return {member_id(n, self.cluster_token): parse_url(urls[0], "initial-cluster")
                 for n, urls in self.members().items() if n != self.name}
+
+    def peer_candidates(self) -> dict[int, tuple[str, int]]:
+        """Node id -> (host, port) of the other members a joining node may talk to.
+
+        Each member of ``--initial-cluster`` is listed under both the id it would have
+        as a founder (from its name) and as a member added later (from its peer URLs):
+        see the module docstring.
+        """
+        out: dict[int, tuple[str, int]] = {}
+        for n, urls in self.members().items():
+            if n == self.name:
+                continue
+            addr = parse_url(urls[0], "initial-cluster")
+            out[member_id(n, self.cluster_token)] = addr
+            out[joined_member_id(urls, self.cluster_token)] = addr
+        return out
 
     # -- SWIM membership ---------------------------------------------------------
     # The gossip port defaults to the peer port + GOSSIP_PORT_OFFSET: `accord dev` gives
@@ -307,6 +341,8 @@ class Config:
             p(f"max-request-bytes {self.max_request_bytes}: must be 1..quota-backend-bytes")
         if self.max_txn_ops < 1:
             p(f"max-txn-ops {self.max_txn_ops}: must be >= 1")
+        if self.member_dead_after < 0:
+            p(f"member-dead-after {self.member_dead_after} s: must be >= 0 (0 turns it off)")
         if self.snapshot_count < 1:
             p(f"snapshot-count {self.snapshot_count}: must be >= 1")
         if self.log_level not in LOG_LEVELS:
@@ -340,6 +376,16 @@ def _id63(*parts: str) -> int:
 def member_id(name: str, cluster_token: str) -> int:
     """The node id of member ``name`` in the cluster ``cluster_token``: stable, 1..2**63-1."""
     return _id63("accord-member", cluster_token, name)
+
+
+def joined_member_id(peer_urls: Sequence[str], cluster_token: str) -> int:
+    """The node id of a member added at runtime with ``peer_urls``: stable, 1..2**63-1.
+
+    MemberAdd and the joining node compute it alike (the smallest URL identifies the
+    member, so the order the URLs are given in does not matter)."""
+    if not peer_urls:
+        raise ConfigError("a member needs at least one peer URL to derive its id")
+    return _id63("accord-member-url", cluster_token, sorted(u.rstrip("/") for u in peer_urls)[0])
 
 
 def cluster_id(cluster_token: str) -> int:

@@ -4,7 +4,7 @@ Each KV shard is one Raft group of the node's :class:`~accord.raft.host.MultiRaf
 Writes are proposed to their shard's group and answered with the result of their apply;
 linearizable reads pass a ReadIndex barrier on the groups they read. Identity, Raft facts
 for headers and ``Status`` come from shard 0's group (the home of leases); the member
-list from the meta group. What to do with several shards lives in
+list from the meta group, and member changes go through it (``node_members.py``). What to do with several shards lives in
 :class:`~accord.services.kv.backend.StateMachineBackend`.
 """
 
@@ -16,10 +16,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import crc32c
+import grpc
 import msgpack
 
+from accord.node_members import CATCH_UP_SLACK, META_GROUP, NotEnoughStartedMembers
 from accord.raft.host import GroupUnavailable
 from accord.raft.types import Role
+from accord.services.cluster.members import MemberChangeError, MemberRecord
 from accord.services.kv import errors
 from accord.services.kv.backend import (
     ETCD_COMPAT_VERSION,
@@ -35,8 +38,6 @@ from accord.services.kv.statemachine import KVStateMachine
 if TYPE_CHECKING:
     from accord.server import Node
 
-META_GROUP = 1
-"""The meta group: members (and the shard map)."""
 KV_GROUP = 2
 """Shard 0 of the key space."""
 KV_SHARD_GROUP_BASE = 100
@@ -48,15 +49,41 @@ _UNAVAILABLE = {
     "request timed out": errors.TIMEOUT,
 }
 
-_MEMBERSHIP_NOT_YET = (
-    "accord: changing members at runtime is not available in this version; "
-    "start the cluster with every member in --initial-cluster"
-)
+MSG_ID_REMOVED = "etcdserver: ID removed"
+MSG_NOT_ENOUGH_STARTED = "etcdserver: re-configuration failed due to not enough started members"
+MSG_NOT_LEARNER = "etcdserver: can only promote a learner member"
+MSG_LEARNER_NOT_READY = "etcdserver: can only promote a learner member which is in sync with leader"
+
+_MEMBER_ERRORS = {
+    "exists": errors.MEMBER_EXIST,
+    "url_exists": errors.PEER_URL_EXIST,
+    "not_found": errors.MEMBER_NOT_FOUND,
+    "removed": EtcdError(grpc.StatusCode.FAILED_PRECONDITION, MSG_ID_REMOVED),
+    "not_learner": EtcdError(grpc.StatusCode.FAILED_PRECONDITION, MSG_NOT_LEARNER),
+}
 
 
 def kv_group(shard: int) -> int:
     """The Raft group id of KV shard ``shard``."""
     return KV_GROUP if shard == 0 else KV_SHARD_GROUP_BASE + shard
+
+
+def _info(m: MemberRecord) -> MemberInfo:
+    return MemberInfo(m.id, m.name, m.peer_urls, m.client_urls, m.is_learner)
+
+
+async def _member_call(call: Any) -> Any:
+    """Await a member operation, mapping its failures to etcd's errors."""
+    try:
+        return await call
+    except GroupUnavailable as e:
+        raise unavailable(e) from None
+    except MemberChangeError as e:
+        raise EtcdError(_MEMBER_ERRORS[e.kind].code, _MEMBER_ERRORS[e.kind].message,
+                        str(e)) from None
+    except NotEnoughStartedMembers as e:
+        raise EtcdError(grpc.StatusCode.FAILED_PRECONDITION, MSG_NOT_ENOUGH_STARTED,
+                        str(e)) from None
 
 
 def unavailable(e: GroupUnavailable) -> EtcdError:
@@ -110,30 +137,54 @@ class ReplicatedBackend(StateMachineBackend):
                 await self.node.host.read_barrier(META_GROUP)
             except GroupUnavailable as e:
                 raise unavailable(e) from None
-        return [
-            MemberInfo(m.id, m.name, m.peer_urls, m.client_urls, m.is_learner)
-            for m in sorted(self.node.cluster.members.values(), key=lambda m: m.name)
-        ]
+        return [_info(m) for m in sorted(self.node.cluster.members.values(),
+                                         key=lambda m: (m.name, m.id))]
 
     async def member_add(
         self, peer_urls: Sequence[str], is_learner: bool
     ) -> tuple[MemberInfo, list[MemberInfo]]:
-        raise EtcdError(errors.NOT_LEADER.code, _MEMBERSHIP_NOT_YET)
+        """Add a member (see ``node_members.py``); it starts with ``existing``."""
+        rec = await _member_call(self.node.members.add(peer_urls, is_learner))
+        return _info(rec), await self.members()
 
     async def member_remove(self, member_id: int) -> list[MemberInfo]:
+        """Remove a member from the table and from every group."""
         if member_id not in self.node.cluster.members:
             raise errors.MEMBER_NOT_FOUND
-        raise EtcdError(errors.NOT_LEADER.code, _MEMBERSHIP_NOT_YET)
+        await _member_call(self.node.members.remove(member_id))
+        return await self.members()
 
     async def member_update(self, member_id: int, peer_urls: Sequence[str]) -> list[MemberInfo]:
+        """Change a member's peer URLs."""
         if member_id not in self.node.cluster.members:
             raise errors.MEMBER_NOT_FOUND
-        raise EtcdError(errors.NOT_LEADER.code, _MEMBERSHIP_NOT_YET)
+        await _member_call(self.node.members.update(member_id, peer_urls))
+        return await self.members()
 
     async def member_promote(self, member_id: int) -> list[MemberInfo]:
-        if member_id not in self.node.cluster.members:
+        """Make a learner member a voter (etcd: only once it is in sync with the leader)."""
+        rec = self.node.cluster.members.get(member_id)
+        if rec is None:
             raise errors.MEMBER_NOT_FOUND
-        raise EtcdError(errors.NOT_LEADER.code, "etcdserver: can only promote a learner member")
+        if not rec.is_learner:
+            raise _MEMBER_ERRORS["not_learner"]
+        if not self._learner_ready(member_id):
+            raise EtcdError(grpc.StatusCode.FAILED_PRECONDITION, MSG_LEARNER_NOT_READY)
+        await _member_call(self.node.members.promote(member_id))
+        return await self.members()
+
+    def _learner_ready(self, member_id: int) -> bool:
+        """etcd's in-sync check, where this node can see it: in every group this node
+        leads, the learner's match index is within ``CATCH_UP_SLACK`` of the log. A node
+        leading no group cannot tell and accepts (the group leaders promote a learner
+        only once it caught up anyway)."""
+        for g in self.node.host.groups.values():
+            if g.core.role != Role.LEADER:
+                continue
+            pr = g.core.progress.get(member_id)
+            if pr is None or pr.match == 0 or pr.match + CATCH_UP_SLACK < g.core.last_index:
+                return False
+        return True
 
     # --- maintenance ---------------------------------------------------------------------
     async def status(self) -> StatusInfo:

@@ -10,7 +10,14 @@ and one gRPC server (``--listen-client-urls``) serving the etcd v3 API:
 * group 3: the GPU scheduler (``SchedulerShard``): its leader computes placements
   and commits them, so a failover loses no decision.
 
-Every member of ``--initial-cluster`` hosts a replica of every group. The KV
+Every member hosts a replica of every group. Members are added and removed at
+runtime through the meta group (``node_members.py``): a node started with
+``--initial-cluster-state existing`` joins with an *empty* membership in every group
+and waits for the leaders to add it and send it a snapshot (a node in no
+configuration never campaigns). Such a node takes the shard count from ``--shards``
+(it must be the cluster's; the node stops with a clear error once the meta group's
+shard map says otherwise). ``<data-dir>/member`` records the node's id and whether
+it joined, so a restart keeps both whatever the flags say. The KV
 backend (``node_backend.py``) answers writes with the result of their apply, serves
 linearizable reads after a ReadIndex barrier, and, while this node leads shard 0 (the
 leases' home), expires leases (the leader decides, the log carries the decision) and
@@ -37,7 +44,8 @@ from typing import Any
 
 from accord.config import Config, ConfigError, load_config
 from accord.grpc_server import AccordGrpcServer, ServerOptions, build_server
-from accord.node_backend import KV_GROUP, META_GROUP, ReplicatedBackend, kv_group
+from accord.node_backend import KV_GROUP, ReplicatedBackend, kv_group
+from accord.node_members import META_GROUP, MemberChanges, add_debug_service
 from accord.raft.balance import plan_transfer
 from accord.raft.host import GroupUnavailable, HostConfig, MultiRaftHost
 from accord.raft.snapshot import SnapshotStore
@@ -85,8 +93,14 @@ class Node:
 
     def __init__(self, config: Config) -> None:
         self.config = config.resolved()
-        self.member_id = self.config.member_id
         self.data_dir = Path(self.config.data_dir)
+        recorded = _read_member_file(self.data_dir)
+        if recorded is not None:
+            self.member_id, self.joined = recorded
+        else:
+            self.member_id, self.joined = self.config.member_id, self.config.joining
+        self.removed = asyncio.Event()
+        """Set when this member was removed from the cluster (or cannot be part of it)."""
         self.wal: WriteAheadLog | None = None
         self.grpc: AccordGrpcServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -97,6 +111,7 @@ class Node:
         cfg = self.config
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.shards = await asyncio.to_thread(_check_shard_count, self.data_dir, cfg.shards)
+        await asyncio.to_thread(_write_member_file, self.data_dir, self.member_id, self.joined)
         wal, recovered = await asyncio.to_thread(WriteAheadLog.open, self.data_dir / "wal")
         self.wal = wal
         snapshots = SnapshotStore(self.data_dir / "snap")
@@ -118,13 +133,19 @@ class Node:
             boot_nonce=time.time_ns(),
         )
         ids = cfg.member_ids()
-        voters = sorted(ids.values())
-        initial = {
-            ids[name]: MemberRecord(ids[name], name, tuple(urls))
-            for name, urls in cfg.members().items()
-        }
-        self.cluster = ClusterStateMachine(initial, [
-            ShardPlacement(i, kv_group(i), tuple(voters)) for i in range(self.shards)])
+        if self.joined:
+            # Every group starts with an empty membership: the leaders send it.
+            voters: list[int] = []
+            self.cluster = ClusterStateMachine({}, [])
+        else:
+            voters = sorted(ids.values())
+            initial = {
+                ids[name]: MemberRecord(ids[name], name, tuple(urls))
+                for name, urls in cfg.members().items()
+            }
+            self.cluster = ClusterStateMachine(initial, [
+                ShardPlacement(i, kv_group(i), tuple(voters)) for i in range(self.shards)])
+        self.members = MemberChanges(self)
         limits = Limits(max_request_bytes=cfg.max_request_bytes, max_txn_ops=cfg.max_txn_ops)
         self.machines = [
             KVStateMachine(limits=limits, lease_id_seed=kv_group(i)) for i in range(self.shards)
@@ -137,8 +158,10 @@ class Node:
         self.scheduling = SchedulerShard.on_host(self.host, self.member_id)
         self.host.add_group(SCHEDULING_GROUP, self.scheduling, recovered.get(SCHEDULING_GROUP),
                             voters=voters)
-        for nid, (h, p) in cfg.peer_addresses().items():
-            self.transport.set_peer(nid, h, p)
+        peers = cfg.peer_candidates() if self.joined else cfg.peer_addresses()
+        for nid, addr in peers.items():
+            self.members.note_peer(nid, addr)
+        self.cluster.listeners.append(self.members.sync_peers)
         await self.transport.start()
         await self.host.start()
         self.backend = ReplicatedBackend(self, self.machines)
@@ -146,6 +169,7 @@ class Node:
         for h, p in cfg.client_listen_addresses():
             self.client_ports.append(self.grpc.add_port(f"{h}:{p}"))
         add_scheduler_service(self.grpc.server, self.scheduling)
+        add_debug_service(self.grpc.server, self)
         from accord.membership.service import NodeMembership
         from accord.membership.servicer import add_membership_service
         self.membership = NodeMembership.from_config(cfg, self.member_id, scheduler=self.scheduling)
@@ -157,6 +181,7 @@ class Node:
             asyncio.create_task(self._lease_loop(), name="lease-expiry"),
             asyncio.create_task(self._progress_loop(), name="watch-progress"),
             asyncio.create_task(self._balance_loop(), name="leader-balance"),
+            asyncio.create_task(self.members.run(), name="member-changes"),
         ]
         self._tasks.append(self.scheduling.start())
 
@@ -176,10 +201,14 @@ class Node:
             self.member_id, self.config.name, list(self.config.advertise_client_urls))
         while True:
             try:
-                await self.host.propose(META_GROUP, cmd)
+                # A short timeout: a forwarded proposal lost on the way is retried soon.
+                await self.host.propose(META_GROUP, cmd, timeout=2.0)
                 return
             except GroupUnavailable:
                 await asyncio.sleep(self.config.tick_interval * 2)
+            except ValueError as e:  # a joining node not yet in the table it replicates
+                log.info("publishing this member's client URLs deferred: %s", e)
+                await asyncio.sleep(1.0)
 
     async def _lease_loop(self) -> None:
         """While leading shard 0 (the leases' home): checkpoint lease clocks, expire
@@ -215,10 +244,12 @@ class Node:
         while True:
             await asyncio.sleep(BALANCE_INTERVAL)
             groups = self.host.groups
+            gone = self.cluster.removed  # still voters until their groups drop them
             plan = plan_transfer(
                 self.member_id,
                 {gid: g.core.leader_id for gid, g in groups.items()},
-                {gid: g.core.conf_state.voters for gid, g in groups.items()},
+                {gid: tuple(v for v in g.core.conf_state.voters if v not in gone)
+                 for gid, g in groups.items()},
             )
             if plan is not None and self.transport.connected(plan[1]):
                 log.info("moving leadership of group %d to node %x", plan[0], plan[1])
@@ -265,6 +296,35 @@ class Node:
 
 
 SHARDS_FILE = "shards"
+MEMBER_FILE = "member"
+
+
+def _read_member_file(data_dir: Path) -> tuple[int, bool] | None:
+    """(member id, joined at runtime) recorded by an earlier start, or None."""
+    path = data_dir / MEMBER_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    fields = dict(line.split("=", 1) for line in text.split() if "=" in line)
+    try:
+        return int(fields["id"], 16), fields["joined"] == "1"
+    except (KeyError, ValueError):
+        raise ConfigError(f"{path}: expected 'id=<hex>' and 'joined=0|1', found {text!r}; "
+                          "the data directory is damaged") from None
+
+
+def _write_member_file(data_dir: Path, member_id: int, joined: bool) -> None:
+    """Record the member id and how the member started (once, durably)."""
+    path = data_dir / MEMBER_FILE
+    if path.exists():
+        return
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        f.write(f"id={member_id:x}\njoined={int(joined)}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def _check_shard_count(data_dir: Path, shards: int) -> int:
@@ -311,15 +371,20 @@ async def serve(config: Config) -> int:
         loop.add_signal_handler(sig, stop.set)
     fatal = asyncio.create_task(node.host.wait_fatal())
     stopper = asyncio.create_task(stop.wait())
+    removed = asyncio.create_task(node.removed.wait())
     try:
-        await asyncio.wait({fatal, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({fatal, stopper, removed}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for t in (fatal, stopper):
+        for t in (fatal, stopper, removed):
             t.cancel()
         await node.stop()
     if node.host.fatal is not None:
         print(f"accord: node stopped: {node.host.fatal}", file=sys.stderr)
         return 1
+    if node.removed.is_set():
+        reason = node.members.stopped_reason
+        print(f"accord: node stopped: {reason}", file=sys.stderr)
+        return 0 if reason.startswith("this member was removed") else 1
     return 0
 
 

@@ -27,6 +27,14 @@ compacts the core and the WAL. A leader streams the snapshot file to a lagging
 follower on the transport's snapshot stream, and sends the ``SNAP`` message
 only after the follower holds the verified file; the follower attaches the data
 when the message arrives.
+
+Membership changes: ``propose_conf_change`` works from any replica (a follower
+forwards the CONF_CHANGE entry in a ``PROPOSE``) and returns once this node applied
+the new membership. A replica added to a group starts with an empty membership
+and must begin from a snapshot, never from index 1 (it could not apply the conf
+changes in the log): it ignores appends from the start of the log, and every
+replica compacts a log that still starts at index 1 once it applied an addition,
+so whichever node leads next sends a snapshot.
 """
 
 from __future__ import annotations
@@ -43,6 +51,13 @@ from typing import Any, Protocol, TypeVar
 import msgpack
 
 from accord.raft.codec import SnapshotPiece
+from accord.raft.confchange import (
+    ConfChange,
+    ConfChangeError,
+    ConfChangeType,
+    members,
+    validate,
+)
 from accord.raft.core import Config as CoreConfig
 from accord.raft.core import RaftCore
 from accord.raft.quiesce import (
@@ -176,6 +191,13 @@ class Group:
     idle_ticks: int = 0
     quiesce_from: int = NO_NODE
     """A leader that asked this follower to quiesce (checked once the turn is done)."""
+    conf_waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    """Woken when the membership this node applied changes (``propose_conf_change``)."""
+    snapshot_busy: bool = False
+    """A snapshot of this group is being written (one at a time)."""
+    want_compaction: bool = False
+    """A node was added while the log still starts at index 1: snapshot soon, so a
+    leader (this one, or whichever follows) can send the newcomer a snapshot."""
 
     @property
     def leader(self) -> int:
@@ -487,6 +509,87 @@ class MultiRaftHost:
         if self._fatal is not None:
             raise GroupUnavailable("request timed out")
 
+    # ------------------------------------------------------------------ membership
+    async def propose_conf_change(
+        self, group_id: int, cc: ConfChange, timeout: float | None = None
+    ) -> ConfState:
+        """Change the group's membership; returns the membership once this node applied it.
+
+        Any replica may call it: a follower forwards the change to the leader. Conf
+        entries carry no reply envelope, so "done" is judged on this node's applied
+        membership (every add/remove of ``cc`` visible there), and the change is
+        proposed again while it is not (a forwarded proposal may be lost, a leader
+        may refuse one while another change is pending). Idempotent: a change already
+        in force returns at once. Raises ``ConfChangeError`` for a change the current
+        membership does not allow, ``GroupUnavailable`` when time runs out.
+        """
+        g = self._groups[group_id]
+        self._check_alive()
+        validate(cc)  # ids and duplicates: refused here whoever leads
+        deadline = self._loop.time() + (self.config.request_timeout if timeout is None
+                                        else timeout)
+        retry = self.config.tick_interval * self.config.election_ticks
+        while not _conf_done(g.core.conf_state, cc):
+            self._check_alive()
+            self._submit_conf_change(g, cc)
+            left = deadline - self._loop.time()
+            if left <= 0:
+                raise GroupUnavailable("request timed out")
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            g.conf_waiters.append(waiter)
+            try:
+                async with asyncio.timeout(min(left, retry)):
+                    await waiter
+            except TimeoutError:
+                with contextlib.suppress(ValueError):
+                    g.conf_waiters.remove(waiter)
+        return g.core.conf_state
+
+    def _submit_conf_change(self, g: Group, cc: ConfChange) -> None:
+        self._activate(g)
+        core = g.core
+        if core.role == Role.LEADER:
+            try:
+                core.propose_conf_change(cc)  # ConfChangeError goes to the caller
+            except ProposalDropped as e:
+                log.debug("group %d: conf change deferred: %s", g.id, e)
+                return
+            self._mark(g)
+            return
+        leader = core.leader_id
+        if leader == NO_NODE:
+            return  # retried after an election
+        msg = Message(MessageType.PROPOSE, to=leader, frm=self.node_id, term=core.term,
+                      entries=[Entry(0, 0, EntryType.CONF_CHANGE, cc.encode())])
+        self._transport.send(leader, g.id, msg)
+        self._flush_forwarded = True
+        self._wake.set()
+
+    async def compact_now(self, group_id: int, timeout: float = 5.0) -> int:
+        """Make sure the group's log was compacted once; returns the snapshot index.
+
+        A replica added to a group must start from a snapshot: its membership is
+        empty until it receives one (``confchange.apply_conf_change`` never invents
+        one), so a leader compacts a log that still starts at index 1 before adding.
+        """
+        g = self._groups[group_id]
+        deadline = self._loop.time() + timeout
+        while True:
+            self._check_alive()
+            if g.core.log.snapshot_index > 0:
+                return g.core.log.snapshot_index
+            if g.applied > 0 and not g.snapshot_busy:
+                await self._take_snapshot(g)  # may decline (the core not caught up yet)
+                if g.core.log.snapshot_index > 0:
+                    continue
+            if self._loop.time() >= deadline:
+                raise GroupUnavailable("request timed out")
+            await asyncio.sleep(self.config.tick_interval / 2)
+
+    def forget_peer(self, node: int) -> None:
+        """Stop sending node-level heartbeats to ``node`` (it left every group)."""
+        self._peer_nodes.discard(node)
+
     # ------------------------------------------------------------------ inbound
     def deliver(self, from_node: int, batch: list[tuple[int, Message]]) -> None:
         """Transport callback: messages from ``from_node`` for our groups."""
@@ -501,6 +604,11 @@ class MultiRaftHost:
                 g.quiesce_from = msg.frm
             if msg.type == MessageType.PROPOSE:
                 self._handle_forwarded(g, msg)
+                continue
+            if msg.type == MessageType.APP and msg.index == 0 and not g.core.conf_state.voters:
+                # A joining replica knows no membership yet: replaying the log from
+                # index 1 would skip every conf change (confchange.apply_conf_change), so
+                # it waits for a snapshot; the leader compacts once it added a node.
                 continue
             if msg.type == MessageType.SNAP and msg.snapshot is not None and not msg.snapshot.data:
                 # Reading the received file may take a while: off the loop, then step.
@@ -517,7 +625,13 @@ class MultiRaftHost:
             return  # the origin times out and its client retries
         for e in msg.entries:
             try:
-                g.core.propose(e.data)
+                if e.type == EntryType.CONF_CHANGE:
+                    g.core.propose_conf_change(ConfChange.decode(e.data))
+                else:
+                    g.core.propose(e.data)
+            except ConfChangeError as exc:  # the origin sees no change and retries or gives up
+                log.info("group %d: forwarded conf change from node %d refused: %s",
+                         g.id, msg.frm, exc)
             except ProposalDropped:
                 return
         self._mark(g)
@@ -683,9 +797,21 @@ class MultiRaftHost:
             self._release_reads(g)
         cs = g.core.conf_state
         if cs != g.persisted_conf:
+            if g.persisted_conf is not None and members(cs) - members(g.persisted_conf):
+                g.want_compaction = True
             g.persisted_conf = cs
             self._note_peers(cs)
             self._pending_conf(g, cs)
+            waiters, g.conf_waiters = g.conf_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+        if g.want_compaction:
+            if g.core.log.snapshot_index > 0:
+                g.want_compaction = False
+            else:
+                self._apply_ready.add(g)  # the apply task snapshots once the core caught up
+                self._apply_wake.set()
         if g.core.has_ready():
             self._mark(g)
         elif g.quiesce_from != NO_NODE:
@@ -795,7 +921,8 @@ class MultiRaftHost:
                 await asyncio.sleep(0)
                 if g.apply_queue or g.pending_restore is not None:
                     continue
-                if g.applied - g.last_snapshot_index >= self.config.snapshot_entries:
+                if (g.applied - g.last_snapshot_index >= self.config.snapshot_entries
+                        or (g.want_compaction and g.applied > 0)):
                     await self._take_snapshot(g)
 
     def _apply_some(self, g: Group) -> bool:
@@ -841,6 +968,15 @@ class MultiRaftHost:
             fut.set_result(result)
 
     async def _take_snapshot(self, g: Group) -> None:
+        if g.snapshot_busy:
+            return
+        g.snapshot_busy = True
+        try:
+            await self._snapshot_group(g)
+        finally:
+            g.snapshot_busy = False
+
+    async def _snapshot_group(self, g: Group) -> None:
         index, term = g.applied, g.applied_term
         if g.core.applied_index < index:
             # The core has not yet been told these entries were handed out (its
@@ -861,6 +997,21 @@ class MultiRaftHost:
         g.core.compact(meta)
         self._pending_compactions.append((g.id, meta))
         self._mark(g)
+
+
+def _conf_done(cs: ConfState, cc: ConfChange) -> bool:
+    """Whether every single change of ``cc`` is in force in ``cs`` (and it is not joint)."""
+    if cs.voters_outgoing:
+        return False
+    for c in cc.changes:
+        if c.type == ConfChangeType.ADD_VOTER and c.node_id not in cs.voters:
+            return False
+        if c.type == ConfChangeType.ADD_LEARNER and c.node_id not in cs.learners:
+            return False
+        if c.type == ConfChangeType.REMOVE_NODE and (
+                c.node_id in cs.voters or c.node_id in cs.learners):
+            return False
+    return True
 
 
 def _transient(reason: str) -> str:

@@ -90,13 +90,26 @@ class ProcCluster:
         self.initial_for: dict[str, str] = {}
         """Per-node ``--initial-cluster`` overrides (peer URLs through proxies)."""
 
-    def start(self, node: ProcNode) -> None:
+    def new_node(self, name: str) -> ProcNode:
+        """A node for a member added at runtime (start it with ``start(node, existing=True)``)."""
+        client, peer, gossip = free_ports(3)
+        root = self.nodes[0].data_dir.parent
+        node = ProcNode(name, client, peer, root / name, root / f"{name}.log", gossip_port=gossip)
+        self.nodes.append(node)
+        return node
+
+    def start(self, node: ProcNode, *, existing: bool = False,
+              initial_cluster: str | None = None) -> None:
+        """Start ``node``; ``existing`` joins a running cluster (after MemberAdd) with
+        ``initial_cluster`` (the members it can reach, itself included)."""
+        join = ("--initial-cluster-state", "existing") if existing else ()
         args = [
             sys.executable, "-m", "accord", "serve",
             "--name", node.name, "--data-dir", str(node.data_dir),
             "--listen-client-urls", f"http://{node.endpoint}",
             "--listen-peer-urls", f"http://{HOST}:{node.peer_port}",
-            "--initial-cluster", self.initial_for.get(node.name, self.initial),
+            "--initial-cluster", initial_cluster or self.initial_for.get(node.name, self.initial),
+            *join,
             "--heartbeat-interval", str(self.heartbeat_ms),
             "--election-timeout", str(self.election_ms),
             "--gossip-listen", f"{HOST}:{node.gossip_port}",

@@ -7,8 +7,17 @@ through consensus once it runs, so ``MemberList`` on any member lists every
 member's client URLs.
 
 The meta group also holds the shard map: for each KV shard, its Raft group and the
-nodes holding its replicas. It is fixed when the cluster is created (``--shards``;
-every member of ``--initial-cluster`` holds a replica of every shard).
+nodes holding its replicas. The number of shards is fixed when the cluster is created
+(``--shards``); every member holds a replica of every shard, so the replicas change
+with the members.
+
+Runtime changes (etcd's MemberAdd/Remove/Update/Promote) are commands of this
+machine: the table is the *desired* membership, and each group's leader brings its
+group's Raft configuration in line with it (``accord/node_members.py``). ``is_learner``
+is what the operator asked for (``member add --learner``); a member added as a voter
+first replicates as a Raft learner in every group and is promoted once caught up.
+Removed ids are kept (``removed``) as etcd does: a removed member cannot come back
+under the same id, and leaders know to take it out of their groups.
 """
 
 from __future__ import annotations
@@ -39,6 +48,18 @@ class ShardPlacement:
     replicas: tuple[int, ...]
 
 
+class MemberChangeError(ValueError):
+    """A member command the table refuses; ``kind`` names the etcd error it maps to.
+
+    Kinds: ``exists`` (id taken), ``url_exists`` (peer URL taken), ``not_found``,
+    ``removed`` (the id belonged to a removed member), ``not_learner``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class ClusterStateMachine:
     """Replicated member table and shard map (the meta group's state machine)."""
 
@@ -47,24 +68,114 @@ class ClusterStateMachine:
     ) -> None:
         self.members: dict[int, MemberRecord] = dict(initial)
         self.shard_map: list[ShardPlacement] = list(shard_map or [])
+        self.removed: dict[int, int] = {}
+        """Removed member id -> the meta log index of its removal."""
+        self.listeners: list[Callable[[], None]] = []
+        """Called after every change of the member table (on every replica)."""
 
+    # --- commands ------------------------------------------------------------------------
     @staticmethod
     def encode_publish(member_id: int, name: str, client_urls: list[str]) -> bytes:
         """Command: ``member_id`` serves clients at ``client_urls``."""
         return bytes(msgpack.packb(["publish", member_id, name, list(client_urls)]))
 
+    @staticmethod
+    def encode_add(member_id: int, peer_urls: list[str], is_learner: bool) -> bytes:
+        """Command: add a member (no name until it publishes, as in etcd)."""
+        return bytes(msgpack.packb(["add", member_id, list(peer_urls), is_learner]))
+
+    @staticmethod
+    def encode_remove(member_id: int) -> bytes:
+        """Command: remove a member for good."""
+        return bytes(msgpack.packb(["remove", member_id]))
+
+    @staticmethod
+    def encode_update(member_id: int, peer_urls: list[str]) -> bytes:
+        """Command: change a member's peer URLs."""
+        return bytes(msgpack.packb(["update", member_id, list(peer_urls)]))
+
+    @staticmethod
+    def encode_promote(member_id: int) -> bytes:
+        """Command: a learner member is to become a voter."""
+        return bytes(msgpack.packb(["promote", member_id]))
+
     def apply(self, index: int, payload: bytes) -> object:
-        """Apply one command; returns the updated member."""
+        """Apply one command; returns the member it changed (the list, for a removal)."""
         op, *args = msgpack.unpackb(payload)
-        if op != "publish":
+        handler = self._handlers.get(op)
+        if handler is None:
             raise ValueError(f"unknown cluster command {op!r}")
-        member_id, name, client_urls = args
+        result = handler(self, index, *args)
+        if op != "publish" or result is not None:
+            self._changed()
+        return result
+
+    def _publish(self, index: int, member_id: int, name: str,
+                 client_urls: list[str]) -> MemberRecord:
         rec = self.members.get(member_id)
         if rec is None:
             raise ValueError(f"member {member_id:x} ({name}) is not part of this cluster")
         rec.client_urls = tuple(client_urls)
+        if not rec.name:
+            rec.name = name
         return rec
 
+    def _add(self, index: int, member_id: int, peer_urls: list[str],
+             is_learner: bool) -> MemberRecord:
+        taken = {u for m in self.members.values() for u in m.peer_urls}
+        if taken.intersection(peer_urls):
+            raise MemberChangeError("url_exists", f"peer URLs {sorted(taken & set(peer_urls))} "
+                                    "are already used by a member")
+        if member_id in self.removed:
+            raise MemberChangeError("removed", f"member {member_id:x} was removed; its id "
+                                    "cannot be reused (add the node with other peer URLs)")
+        if member_id in self.members:
+            raise MemberChangeError("exists", f"member {member_id:x} already exists")
+        rec = MemberRecord(member_id, "", tuple(peer_urls), (), bool(is_learner))
+        self.members[member_id] = rec
+        self.shard_map = [ShardPlacement(p.shard, p.group, tuple(sorted({*p.replicas, member_id})))
+                          for p in self.shard_map]
+        return rec
+
+    def _remove(self, index: int, member_id: int) -> list[MemberRecord]:
+        if self.members.pop(member_id, None) is None:
+            raise MemberChangeError("not_found", f"member {member_id:x} not found")
+        self.removed[member_id] = index
+        self.shard_map = [ShardPlacement(p.shard, p.group,
+                                         tuple(r for r in p.replicas if r != member_id))
+                          for p in self.shard_map]
+        return list(self.members.values())
+
+    def _update(self, index: int, member_id: int, peer_urls: list[str]) -> MemberRecord:
+        rec = self.members.get(member_id)
+        if rec is None:
+            raise MemberChangeError("not_found", f"member {member_id:x} not found")
+        taken = {u for m in self.members.values() if m.id != member_id for u in m.peer_urls}
+        if taken.intersection(peer_urls):
+            raise MemberChangeError("url_exists", f"peer URLs {sorted(taken & set(peer_urls))} "
+                                    "are already used by another member")
+        rec.peer_urls = tuple(peer_urls)
+        return rec
+
+    def _promote(self, index: int, member_id: int) -> MemberRecord:
+        rec = self.members.get(member_id)
+        if rec is None:
+            raise MemberChangeError("not_found", f"member {member_id:x} not found")
+        if not rec.is_learner:
+            raise MemberChangeError("not_learner", f"member {member_id:x} is not a learner")
+        rec.is_learner = False
+        return rec
+
+    _handlers: dict[str, Callable[..., object]] = {
+        "publish": _publish, "add": _add, "remove": _remove, "update": _update,
+        "promote": _promote,
+    }
+
+    def _changed(self) -> None:
+        for listener in self.listeners:
+            listener()
+
+    # --- snapshots -----------------------------------------------------------------------
     def snapshot(self) -> bytes:
         """Every member, msgpack-encoded."""
         return self.prepare_snapshot()()
@@ -74,7 +185,9 @@ class ClusterStateMachine:
         rows = [[m.id, m.name, list(m.peer_urls), list(m.client_urls), m.is_learner]
                 for m in sorted(self.members.values(), key=lambda m: m.id)]
         shards = [[p.shard, p.group, list(p.replicas)] for p in self.shard_map]
-        return lambda: bytes(msgpack.packb({"members": rows, "shards": shards}))
+        removed = sorted([i, at] for i, at in self.removed.items())
+        return lambda: bytes(msgpack.packb({"members": rows, "shards": shards,
+                                            "removed": removed}))
 
     def restore(self, data: bytes) -> None:
         """Replace the table and the shard map by a snapshot's."""
@@ -86,3 +199,5 @@ class ClusterStateMachine:
             for r in image["members"]
         }
         self.shard_map = [ShardPlacement(s, g, tuple(r)) for s, g, r in image["shards"]]
+        self.removed = {int(i): int(at) for i, at in image.get("removed", ())}
+        self._changed()

@@ -1,0 +1,153 @@
+"""The real ``etcdctl member add/list/promote/remove`` against a 3-node accord cluster.
+
+What an operator sees: ``member add`` prints the settings the new member must be
+started with (``--initial-cluster-state existing`` and an initial cluster naming it),
+``member list`` shows it unstarted until it runs, mistakes get etcd's messages, and
+``member remove`` takes it out of the list and of every Raft group.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from accord.node_members import DEBUG_GROUPS_METHOD
+from tests.compat.etcdctl import etcdctl, etcdctl_json
+from tests.integration.cluster import HOST, ProcCluster, free_ports
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
+    c = ProcCluster(tmp_path_factory.mktemp("member-etcdctl"), 3, extra=("--shards", "2"))
+    try:
+        c.start_all()
+        yield c
+    finally:
+        c.stop_all()
+
+
+def eps(c: ProcCluster) -> str:
+    return ",".join(n.endpoint for n in c.nodes)
+
+
+def group_members(c: ProcCluster) -> set[int]:
+    """Every node id in any group's membership, as the first node sees it."""
+    report = json.loads(c.nodes[0].channel().unary_unary(DEBUG_GROUPS_METHOD)(b"", timeout=2))
+    return {n for g in report["groups"].values() for n in g["voters"] + g["learners"]}
+
+
+def eventually(check: Callable[[], bool], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return check()
+
+
+def test_member_add_list_remove(cluster: ProcCluster) -> None:
+    (port,) = free_ports(1)
+    url = f"http://{HOST}:{port}"
+    out = etcdctl(eps(cluster), "member", "add", "n4", f"--peer-urls={url}")
+    m = re.search(r"Member ([0-9a-f]+) added to cluster ([0-9a-f]+)", out)
+    assert m, out
+    new_id = int(m.group(1), 16)
+    assert 'ETCD_NAME="n4"' in out
+    initial = re.search(r'ETCD_INITIAL_CLUSTER="([^"]+)"', out)
+    assert initial and sorted(initial.group(1).split(",")) == sorted(
+        [f"n4={url}"] + [f"{n.name}=http://{HOST}:{n.peer_port}" for n in cluster.nodes])
+    assert 'ETCD_INITIAL_CLUSTER_STATE="existing"' in out
+
+    listed = etcdctl_json(eps(cluster), "member", "list")["members"]
+    assert len(listed) == 4
+    (new,) = [x for x in listed if x["ID"] == new_id]
+    assert new["peerURLs"] == [url] and "name" not in new and not new.get("isLearner")
+    assert "unstarted" in etcdctl(eps(cluster), "member", "list")
+    assert eventually(lambda: new_id in group_members(cluster))  # the leaders add a learner
+
+    again = etcdctl(eps(cluster), "member", "add", "n5", f"--peer-urls={url}", check=False)
+    assert "Peer URLs already exists" in again
+    n1 = next(x for x in listed if x.get("name") == "n1")
+    not_learner = etcdctl(eps(cluster), "member", "promote", f"{n1['ID']:x}", check=False)
+    assert "can only promote a learner member" in not_learner
+    assert "member not found" in etcdctl(eps(cluster), "member", "remove", "abc123", check=False)
+
+    (port2,) = free_ports(1)
+    out = etcdctl(eps(cluster), "member", "update", f"{new_id:x}", f"--peer-urls=http://{HOST}:{port2}")
+    assert f"Member {new_id:x} updated in cluster" in out
+    (new,) = [x for x in etcdctl_json(eps(cluster), "member", "list")["members"]
+              if x["ID"] == new_id]
+    assert new["peerURLs"] == [f"http://{HOST}:{port2}"]
+
+    out = etcdctl(eps(cluster), "member", "remove", f"{new_id:x}")
+    assert re.search(rf"Member {new_id:x} removed from cluster [0-9a-f]+", out), out
+    assert len(etcdctl_json(eps(cluster), "member", "list")["members"]) == 3
+    assert eventually(lambda: new_id not in group_members(cluster))
+    # A removed id is never reused (etcd's rule): the same peer URL is refused.
+    reused = etcdctl(eps(cluster), "member", "add", "n4", f"--peer-urls={url}", check=False)
+    assert "ID removed" in reused
+
+
+def test_member_add_learner(cluster: ProcCluster) -> None:
+    (port,) = free_ports(1)
+    out = etcdctl(eps(cluster), "member", "add", "l1", f"--peer-urls=http://{HOST}:{port}",
+                  "--learner")
+    new_id = int(re.search(r"Member ([0-9a-f]+) added", out).group(1), 16)  # type: ignore[union-attr]
+    (new,) = [x for x in etcdctl_json(eps(cluster), "member", "list")["members"]
+              if x["ID"] == new_id]
+    assert new["isLearner"] is True
+    # Never started, so never in sync: a node leading some group refuses to promote it.
+    report = json.loads(cluster.nodes[0].channel().unary_unary(DEBUG_GROUPS_METHOD)(
+        b"", timeout=2))
+    led = [g["leader"] for g in report["groups"].values()]
+    busiest = max(set(led), key=led.count)  # leads two groups or more: still leads one
+    leading = next(n for n in cluster.nodes if cluster.status(n).header.member_id == busiest)
+    refused = etcdctl(leading.endpoint, "member", "promote", f"{new_id:x}", check=False)
+    assert "can only promote a learner member which is in sync with leader" in refused
+    out = etcdctl(eps(cluster), "member", "remove", f"{new_id:x}")
+    assert "removed from cluster" in out
+
+
+def test_a_joining_node_with_another_shard_count_stops_with_a_clear_error(
+        cluster: ProcCluster) -> None:
+    node = cluster.new_node("wrong")
+    try:
+        url = f"http://{HOST}:{node.peer_port}"
+        out = etcdctl(eps(cluster), "member", "add", "wrong", f"--peer-urls={url}")
+        initial = re.search(r'ETCD_INITIAL_CLUSTER="([^"]+)"', out)
+        assert initial
+        extra = cluster.extra
+        cluster.extra = ("--shards", "3")
+        try:
+            cluster.start(node, existing=True, initial_cluster=initial.group(1))
+        finally:
+            cluster.extra = extra
+        assert node.proc is not None and node.proc.wait(30) == 1
+        assert ("the cluster has 2 shards but this node was started with --shards 3"
+                in cluster.log(node))
+        new_id = int(re.search(r"Member ([0-9a-f]+) added", out).group(1), 16)  # type: ignore[union-attr]
+        assert "removed from cluster" in etcdctl(eps(cluster), "member", "remove", f"{new_id:x}")
+    finally:
+        cluster.stop(node)
+        cluster.nodes.remove(node)
+
+
+def test_removing_a_voter_that_would_cost_a_quorum_is_refused(cluster: ProcCluster) -> None:
+    """Runs last in this module: it stops a node."""
+    n1, _, n3 = cluster.nodes[:3]
+    listed = etcdctl_json(n1.endpoint, "member", "list")["members"]
+    n2_id = next(x["ID"] for x in listed if x.get("name") == "n2")
+    cluster.stop(n3)
+    refused = ""
+    for _ in range(50):  # until n1 has seen n3's link go down
+        refused = etcdctl(n1.endpoint, "member", "remove", f"{n2_id:x}", check=False)
+        if "not enough started members" in refused:
+            break
+        assert "removed from cluster" not in refused, refused
+        time.sleep(0.1)
+    assert "re-configuration failed due to not enough started members" in refused
+    assert len(etcdctl_json(n1.endpoint, "member", "list")["members"]) == 3
