@@ -438,10 +438,33 @@ class MultiRaftHost:
         fut: asyncio.Future[object] = self._loop.create_future()
         g.proposals[seq] = fut
         try:
-            self._submit(g, data)
+            try:
+                self._submit(g, data)
+            except GroupUnavailable as e:
+                if e.reason != "no leader":
+                    raise
+                # A group between leaders (at start, after a crash) elects within an
+                # election timeout or two: wait that long rather than fail at once.
+                await self._await_leader(g, timeout)
+                self._submit(g, data)
             return await self._wait(fut, timeout)
         finally:
             g.proposals.pop(seq, None)
+
+    async def _await_leader(self, g: Group, timeout: float | None) -> None:
+        """Return once ``g`` knows a leader; ``no leader`` after two election timeouts
+        (or ``timeout``, if shorter)."""
+        cfg = self.config
+        wait = 2 * cfg.tick_interval * cfg.election_ticks
+        if timeout is not None:
+            wait = min(wait, timeout)
+        deadline = self._loop.time() + wait
+        self._activate(g)
+        while g.core.leader_id == NO_NODE:
+            self._check_alive()
+            if self._loop.time() >= deadline:
+                raise GroupUnavailable("no leader")
+            await asyncio.sleep(cfg.tick_interval)
 
     async def _wait(self, fut: asyncio.Future[T], timeout: float | None) -> T:
         """Await ``fut``; past the timeout it fails with ``request timed out``."""

@@ -159,6 +159,28 @@ async def test_proposals_from_every_node_apply_everywhere_in_the_same_order(clus
         assert len(seqs[0]) == 15
 
 
+async def test_a_proposal_made_before_any_leader_waits_for_the_election(
+    tmp_path: Path,
+) -> None:
+    """At start (and between leaders) a proposal waits for the election instead of
+    failing with "no leader" at once."""
+    c = Cluster(tmp_path, FAST)
+    try:
+        for nid in (1, 2, 3):
+            await c.start_node(nid)
+        first = c.nodes[2].host
+        assert first.group(1).core.leader_id == 0  # nobody elected: the hosts do not run yet
+        payload = msgpack.packb(["early", "1"])
+        write = asyncio.create_task(first.propose(1, payload, timeout=5.0))
+        await asyncio.sleep(0.05)
+        await c.connect_and_run()
+        assert isinstance(await write, int)
+        await c.nodes[1].host.read_barrier(1)
+        assert c.nodes[1].sms[1].data["early"] == "1"
+    finally:
+        await c.stop()
+
+
 async def test_state_machine_errors_reach_the_proposer(cluster: Cluster) -> None:
     await cluster.leader(1)
     with pytest.raises(ValueError, match="empty key"):
