@@ -317,14 +317,23 @@ def _read_member_file(data_dir: Path) -> tuple[int, bool] | None:
 def _write_member_file(data_dir: Path, member_id: int, joined: bool) -> None:
     """Record the member id and how the member started (once, durably)."""
     path = data_dir / MEMBER_FILE
-    if path.exists():
-        return
+    if not path.exists():
+        _write_durably(path, f"id={member_id:x}\njoined={int(joined)}\n")
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file, fsync, rename, fsync the dir)."""
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
-        f.write(f"id={member_id:x}\njoined={int(joined)}\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _check_shard_count(data_dir: Path, shards: int) -> int:
@@ -344,17 +353,7 @@ def _check_shard_count(data_dir: Path, shards: int) -> int:
                 f"with --shards {recorded}: the number of shards is fixed when a cluster is "
                 f"created (start with --shards {recorded})")
         return recorded
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(f"{shards}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(data_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_durably(path, f"{shards}\n")
     return shards
 
 
