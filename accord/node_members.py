@@ -20,7 +20,8 @@ membership; Raft configurations follow it. What happens, in order:
   The removed node sees its removal, logs it, and stops once it leads no group.
 * **MemberUpdate** changes peer URLs in the table; every node re-points its link.
 * **Replica repair** (``--member-dead-after N``): the meta group's leader removes a
-  voting member its link has been down to for N seconds, through the same path, as
+  voting member its link has been down to for N seconds while SWIM (when it runs)
+  does not hold it alive or suspect, through the same path, as
   long as at least ``REPAIR_MIN_VOTERS`` voters remain and a quorum of them is
   reachable. Adding a replacement is the operator's MemberAdd.
 
@@ -193,13 +194,24 @@ class MemberChanges:
             if v not in voters:
                 del self._down_since[v]
         for v in voters:
-            if v == self.node.member_id or self.node.transport.connected(v):
+            if (v == self.node.member_id or self.node.transport.connected(v)
+                    or self._swim_sees_alive(v)):
                 self._down_since.pop(v, None)
             else:
                 self._down_since.setdefault(v, now)
         return sorted((v for v, t in self._down_since.items()
                        if now - t >= self.dead_after and v in self.cluster.members),
                       key=lambda v: self._down_since[v])
+
+    def _swim_sees_alive(self, member_id: int) -> bool:
+        """Whether SWIM (when this node runs it) holds ``member_id`` alive or suspect:
+        then a down Raft link is this link's trouble, not the member's death, and the
+        member is not repaired away."""
+        ms = getattr(self.node, "membership", None)
+        if ms is None or not ms.running:
+            return False
+        wanted = f"{member_id:x}"
+        return any(m.meta.get("id") == wanted and m.is_live for m in ms.view.values())
 
     async def repair(self) -> None:
         """Remove one member dead for longer than ``dead_after`` (see module docstring)."""

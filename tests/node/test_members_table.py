@@ -94,3 +94,32 @@ def test_member_dead_after_must_not_be_negative() -> None:
     with pytest.raises(ConfigError, match="member-dead-after -1 s: must be >= 0"):
         Config(name="n1", member_dead_after=-1).resolved().validate()
     Config(name="n1", member_dead_after=30).resolved().validate()
+
+
+def test_repair_counts_a_member_dead_only_when_swim_does_not_hold_it_alive() -> None:
+    """A down Raft link alone is not a death while SWIM still sees the member."""
+    from types import SimpleNamespace
+
+    from accord.membership.state import Member, MemberState
+    from accord.node_members import MemberChanges
+    from accord.raft.types import ConfState, Role
+    from accord.services.cluster.members import ClusterStateMachine, MemberRecord
+
+    me, peer = 1, 2
+    core = SimpleNamespace(role=Role.LEADER, conf_state=ConfState(voters=(me, peer)))
+    swim_view: dict[str, Member] = {}
+    node = SimpleNamespace(
+        member_id=me,
+        config=SimpleNamespace(member_dead_after=5),
+        host=SimpleNamespace(group=lambda gid: SimpleNamespace(core=core)),
+        transport=SimpleNamespace(connected=lambda nid: False),
+        cluster=ClusterStateMachine({me: MemberRecord(me, "a", ()), peer: MemberRecord(peer, "b", ())}),
+        membership=SimpleNamespace(running=True, view=swim_view),
+    )
+    changes = MemberChanges(node)  # type: ignore[arg-type]
+    alive = Member("b", ("127.0.0.1", 1), 1, MemberState.ALIVE, {"id": f"{peer:x}"}, 0.0)
+    swim_view["b"] = alive
+    assert changes.dead_members(0.0) == [] and changes.dead_members(100.0) == []
+    swim_view["b"] = Member("b", ("127.0.0.1", 1), 1, MemberState.DEAD, {"id": f"{peer:x}"}, 0.0)
+    assert changes.dead_members(100.0) == []  # down since now
+    assert changes.dead_members(106.0) == [peer]
