@@ -53,7 +53,7 @@ def test_member_add_list_remove(cluster: ProcCluster) -> None:
     (port,) = free_ports(1)
     url = f"http://{HOST}:{port}"
     out = etcdctl(eps(cluster), "member", "add", "n4", f"--peer-urls={url}")
-    m = re.search(r"Member ([0-9a-f]+) added to cluster ([0-9a-f]+)", out)
+    m = re.search(r"Member\s+([0-9a-f]+) added to cluster\s+([0-9a-f]+)", out)
     assert m, out
     new_id = int(m.group(1), 16)
     assert 'ETCD_NAME="n4"' in out
@@ -96,7 +96,7 @@ def test_member_add_learner(cluster: ProcCluster) -> None:
     (port,) = free_ports(1)
     out = etcdctl(eps(cluster), "member", "add", "l1", f"--peer-urls=http://{HOST}:{port}",
                   "--learner")
-    new_id = int(re.search(r"Member ([0-9a-f]+) added", out).group(1), 16)  # type: ignore[union-attr]
+    new_id = int(re.search(r"Member\s+([0-9a-f]+) added", out).group(1), 16)  # type: ignore[union-attr]
     (new,) = [x for x in etcdctl_json(eps(cluster), "member", "list")["members"]
               if x["ID"] == new_id]
     assert new["isLearner"] is True
@@ -129,7 +129,7 @@ def test_a_joining_node_with_another_shard_count_stops_with_a_clear_error(
         assert node.proc is not None and node.proc.wait(30) == 1
         assert ("the cluster has 2 shards but this node was started with --shards 3"
                 in cluster.log(node))
-        new_id = int(re.search(r"Member ([0-9a-f]+) added", out).group(1), 16)  # type: ignore[union-attr]
+        new_id = int(re.search(r"Member\s+([0-9a-f]+) added", out).group(1), 16)  # type: ignore[union-attr]
         assert "removed from cluster" in etcdctl(eps(cluster), "member", "remove", f"{new_id:x}")
     finally:
         cluster.stop(node)
