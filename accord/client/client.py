@@ -4,8 +4,8 @@
 
     async with AccordClient(["127.0.0.1:2379", "127.0.0.1:22379"]) as client:
         await client.put("config/a", "1")
-        async with client.lock("jobs/7", ttl=10) as lock:
-            await lock.guarded_put("jobs/7/state", "running")   # fenced by lock.token
+        async with client.lock("/jobs/7/lock", ttl=10) as lock:
+            await lock.guarded_put("/jobs/7/state", "running")   # fenced by lock.token
 
 Every call fails over across the endpoints and retries on ``UNAVAILABLE`` and deadlines
 (see :mod:`accord.client.transport`); errors are :class:`~accord.client.errors.ClientError`
