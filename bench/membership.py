@@ -15,7 +15,11 @@ Lifeguard, both on the LAN profile (1 s probe period). A few healthy members cra
   and, separately, about slow members;
 * traffic: UDP packets and bytes (plus TCP push-pull bytes) per member per second.
 
-Usage: ``python bench/membership.py [--sizes 100,1000,5000] [--seed 1] [--quick]``.
+The simulator carries packets as decoded messages with their exact encoded size (the
+same history, byte for byte, as sending the encoded packets; ``--wire`` sends the real
+bytes through msgpack instead, slower at large n).
+
+Usage: ``python bench/membership.py [--sizes 100,1000,5000] [--seed 1] [--quick] [--wire]``.
 The last line printed is one JSON object with every figure.
 """
 
@@ -41,9 +45,13 @@ from accord.membership.state import EventKind, MemberEvent
 # enough for detection plus dissemination, short enough for minutes of Python.
 #
 # n=5000 runs without slow members by default: slow members keep the whole group busy
-# with suspicions and refutations, and every update is relayed ~16 times by each of
-# the n members, so the simulation cost grows as n^2 (about two hours of CPU at
-# n=5000). ``--slow-at-5000`` runs the full scenario anyway.
+# with suspicions and refutations (each one applied by all n members, and every update
+# relayed ~16 times by each of them), so the simulation cost grows as n^2. Measured on
+# a shared 2-core machine after the simulator's fast paths (decoded packets, an
+# allocation-free transmit queue): n=5000 with slow members costs ~13 s of CPU per
+# simulated second with Lifeguard (falling as local health settles), and ~20-40 s
+# (rising) with plain SWIM, so about 7 + 20 minutes for the pair; n=1000 with slow
+# members takes ~1.5 s per simulated second. ``--slow-at-5000`` runs the full scenario.
 PLAN = {
     100: (600.0, [30.0 + 50.0 * k for k in range(10)], 0.05),
     1000: (60.0, [10.0, 12.0, 14.0], 0.05),
@@ -72,7 +80,13 @@ class Run:
 
 
 def run_one(
-    n: int, lifeguard: bool, seed: int, duration: float, crash_at: list[float], slow_fraction: float
+    n: int,
+    lifeguard: bool,
+    seed: int,
+    duration: float,
+    crash_at: list[float],
+    slow_fraction: float,
+    wire: bool = False,
 ) -> Run:
     """One seeded scenario; returns what was measured."""
     cfg = SwimConfig.lan().with_lifeguard(lifeguard)
@@ -116,7 +130,7 @@ def run_one(
     sim = Simulator(
         cfg, n, seed=seed, loss=0.01, latency=(0.0005, 0.002),
         slow_fraction=slow_fraction, slow_lag=(0.0, 20.0), slow_episode=(10.0, 60.0),
-        on_event=on_event, on_declare_dead=on_declare,
+        on_event=on_event, on_declare_dead=on_declare, wire=wire,
     )
     slow.update(node.idx for node in sim.nodes if node.slow)
     victims = [node.idx for node in sim.nodes if not node.slow][: len(crash_at)]
@@ -186,7 +200,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="a tenth of the simulated time")
     parser.add_argument(
-        "--slow-at-5000", action="store_true", help="5%% slow members at n=5000 too (hours of CPU)"
+        "--slow-at-5000", action="store_true",
+        help="5%% slow members at n=5000 too (about half an hour of CPU)",
+    )
+    parser.add_argument(
+        "--wire", action="store_true", help="send real msgpack packets in the simulator (slower)"
     )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -206,7 +224,9 @@ def main() -> None:
             crash_at = [t for t in crash_at if t < duration - 25.0] or crash_at[:1]
         pair = {}
         for lifeguard in (False, True):
-            s = summarize(run_one(n, lifeguard, args.seed, duration, crash_at, slow_fraction))
+            s = summarize(
+                run_one(n, lifeguard, args.seed, duration, crash_at, slow_fraction, args.wire)
+            )
             results.append(s)
             pair[lifeguard] = s
             print(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .broadcast import Update
 from .state import Address, Member, MemberEvent
 
-__all__ = ["Forward", "Output", "Probe", "sample_members"]
+__all__ = ["DecodedPacket", "Forward", "Output", "Probe", "sample_members"]
 
 
 @dataclass(slots=True)
@@ -34,12 +35,29 @@ class Forward:
 
 
 @dataclass(slots=True)
+class DecodedPacket:
+    """A UDP packet as an in-process driver may carry it: messages, not bytes.
+
+    ``main`` is the protocol message (a ``wire`` Ping, Ack, ... or None for pure
+    gossip), ``updates`` the piggybacked updates (each with its decoded ``msg`` and
+    its encoding), ``size`` the exact length of the packet's encoding.
+    """
+
+    main: object
+    updates: list[Update]
+    size: int
+
+
+@dataclass(slots=True)
 class Output:
     """What a driver must do after feeding the protocol."""
 
     packets: list[tuple[Address, bytes]]
     syncs: list[tuple[Address, bool]]  # push-pull exchanges to start: (address, join)
     events: list[MemberEvent]
+    # Packets as DecodedPacket, in send order, when the protocol was asked for them
+    # (``SwimProtocol.use_decoded_packets``); then ``packets`` stays empty.
+    decoded: list[tuple[Address, DecodedPacket]] = field(default_factory=list)
 
 
 def sample_members(

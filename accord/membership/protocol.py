@@ -32,10 +32,10 @@ import random
 from collections.abc import Callable, Iterable, Mapping
 
 from .awareness import LocalHealth
-from .broadcast import TransmitQueue
+from .broadcast import TransmitQueue, Update
 from .config import SwimConfig
 from .crypto import SEAL_OVERHEAD, AuthError, Keyring
-from .probes import Forward, Output, Probe, sample_members
+from .probes import DecodedPacket, Forward, Output, Probe, sample_members
 from .state import Address, EventKind, Member, MemberEvent, MemberState, validate_meta
 from .stats import ProtocolStats
 from .suspicion import Suspicion
@@ -44,11 +44,13 @@ from .wire import (
     Alive,
     Dead,
     IndirectPing,
+    Message,
     Nack,
     Ping,
     PushPullState,
     Suspect,
     WireError,
+    array_header,
     build_packet,
     decode_packet,
     decode_push_pull,
@@ -65,7 +67,10 @@ _ALIVE, _SUSPECT, _DEAD, _LEFT = (
 # Timer kinds.
 _T_PROBE, _T_PROBE_TIMEOUT, _T_SUSPICION, _T_NACK, _T_FORWARD_END = range(5)
 _T_GOSSIP, _T_PUSH_PULL, _T_REAP, _T_REJOIN = range(5, 9)
+# The event a change of state publishes, indexed by the new state.
+_STATE_EVENT = (EventKind.ALIVE, EventKind.SUSPECT, EventKind.DEAD, EventKind.LEFT)
 _PACKET_SLACK = 4  # array header and version byte of a compound packet
+_VERSION_LEN = len(build_packet(None, [])) - len(array_header(2)) - 1  # the version's bytes
 
 
 class SwimProtocol:
@@ -108,6 +113,12 @@ class SwimProtocol:
         self._leaving = False
         self._started = False
         self._packets: list[tuple[Address, bytes]] = []
+        self._decoded: list[tuple[Address, DecodedPacket]] = []
+        # In-process drivers (the simulator) may ask for packets as decoded messages
+        # plus their exact encoded size instead of bytes: see ``use_decoded_packets``.
+        self._decoded_mode = False
+        self._limit_for: tuple[int, int] = (-1, 0)  # (live count, retransmit limit)
+        self._timeout_for: tuple[int, float] = (-1, 0.0)  # (live count, suspicion timeout)
         self._syncs: list[tuple[Address, bool]] = []
         self._events: list[MemberEvent] = []
         self._now = 0.0
@@ -180,10 +191,25 @@ class SwimProtocol:
         self._dead(self.local_member.incarnation, self.name, self.name, now)
         self._gossip(now)
 
+    def use_decoded_packets(self, enabled: bool = True) -> None:
+        """Emit packets as ``DecodedPacket`` (in ``Output.decoded``) instead of bytes.
+
+        For in-process drivers only: the receiver gets the sender's message objects
+        through ``handle_decoded`` and skips msgpack entirely, while every update and
+        message is still encoded once, so packet sizes (the UDP budget, byte counts)
+        are exactly those of the wire. Refused with encryption, whose sealing needs the
+        real bytes.
+        """
+        if enabled and self._keyring is not None:
+            raise ValueError("decoded packets cannot be used with encryption (secret_keys set)")
+        self._decoded_mode = enabled
+
     def take_output(self) -> Output:
         """Hand over (and forget) what the driver must send, start and publish."""
-        out = Output(self._packets, self._syncs, self._events)
+        out = Output(self._packets, self._syncs, self._events, self._decoded)
         self._packets, self._syncs, self._events = [], [], []
+        if self._decoded:
+            self._decoded = []
         return out
 
     def next_deadline(self) -> float | None:
@@ -227,6 +253,44 @@ class SwimProtocol:
         if main is not None:
             self._dispatch(src, main, now)
 
+    def handle_decoded(self, src: Address, packet: DecodedPacket, now: float) -> None:
+        """Process a packet handed over decoded by an in-process driver (see ``use_decoded_packets``).
+
+        Same effect as ``handle_packet`` on the packet's bytes. Updates that are old news
+        (the common case: each update reaches a member many times) are filtered here with
+        the very tests ``_alive``, ``_suspect`` and ``_dead`` start with; the others go
+        through those methods, which re-queue the received ``Update``'s encoding as is.
+        """
+        self._now = now
+        stats = self.stats
+        stats.packets_received += 1
+        stats.bytes_received += packet.size
+        members = self._members
+        suspicions = self._suspicions
+        me = self.name
+        for upd in packet.updates:
+            msg: Alive | Suspect | Dead = upd.msg  # type: ignore[assignment]
+            old = members.get(msg.name)
+            if type(msg) is Alive:
+                if old is not None and msg.incarnation <= old.incarnation and msg.name != me:
+                    continue
+                self._alive(msg, now, upd)
+            elif old is None or msg.incarnation < old.incarnation or old.state >= _DEAD:
+                continue
+            elif type(msg) is Suspect:
+                if old.state == _SUSPECT and msg.name != me:
+                    # A confirmation (or repeat) of a suspicion we hold: _suspect's branch.
+                    susp = suspicions.get(msg.name)
+                    if susp is not None and susp.confirm(msg.origin):
+                        self._at(susp.deadline(), _T_SUSPICION, msg.name)
+                        self._requeue(msg.name, upd)
+                    continue
+                self._suspect(msg.incarnation, msg.name, msg.origin, now, upd)
+            else:
+                self._dead(msg.incarnation, msg.name, msg.origin, now, upd)  # type: ignore[union-attr]
+        if packet.main is not None:
+            self._dispatch(src, packet.main, now)
+
     def _dispatch(self, src: Address, msg: object, now: float) -> None:
         if isinstance(msg, Ping):
             self._on_ping(src, msg)
@@ -248,7 +312,7 @@ class SwimProtocol:
         if sender is not None and sender.state in (_SUSPECT, _DEAD) and self.config.lifeguard_buddy:
             # A member we consider suspect or dead is talking to us: tell it, so it refutes.
             priority.append(self._state_message(sender))
-        self._send(src, encode_message(Ack(ping.seq)), priority)
+        self._send(src, Ack(ping.seq), priority)
 
     def _on_ack(self, seq: int) -> None:
         probe = self._probe
@@ -258,12 +322,12 @@ class SwimProtocol:
         fwd = self._forwards.get(seq)
         if fwd is not None and not fwd.done:
             fwd.done = True
-            self._send(fwd.requester, encode_message(Ack(fwd.requester_seq)))
+            self._send(fwd.requester, Ack(fwd.requester_seq))
 
     def _on_indirect_ping(self, src: Address, req: IndirectPing, now: float) -> None:
         seq = self._next_seq()
         self._forwards[seq] = Forward(req.seq, src, req.want_nack)
-        self._send(req.target_addr, encode_message(Ping(seq, req.target, self.name, self.addr)))
+        self._send(req.target_addr, Ping(seq, req.target, self.name, self.addr))
         if req.want_nack:
             self._at(now + 0.8 * self.config.probe_timeout, _T_NACK, seq)
         self._at(now + self.config.probe_interval, _T_FORWARD_END, seq)
@@ -284,7 +348,7 @@ class SwimProtocol:
         priority = []
         if target.state == _SUSPECT and cfg.lifeguard_buddy:
             priority.append(self._state_message(target))
-        self._send(target.addr, encode_message(Ping(seq, target.name, self.name, self.addr)), priority)
+        self._send(target.addr, Ping(seq, target.name, self.name, self.addr), priority)
         self._at(now + self._health.scale(cfg.probe_timeout), _T_PROBE_TIMEOUT, seq)
 
     def _probe_timeout(self, seq: int) -> None:
@@ -296,9 +360,7 @@ class SwimProtocol:
             return
         helpers = self._random_live(self.config.indirect_checks, exclude=probe.target)
         want_nack = self.config.lifeguard_nack
-        req = encode_message(
-            IndirectPing(seq, target.name, target.addr, self.name, self.addr, want_nack)
-        )
+        req = IndirectPing(seq, target.name, target.addr, self.name, self.addr, want_nack)
         for helper in helpers:
             self._send(helper.addr, req)
         self.stats.indirect_probes += len(helpers)
@@ -335,7 +397,7 @@ class SwimProtocol:
         return None
 
     # ------------------------------------------------------------- state changes
-    def _alive(self, msg: Alive, now: float) -> None:
+    def _alive(self, msg: Alive, now: float, src: Update | None = None) -> None:
         name = msg.name
         old = self._members.get(name)
         if old is not None and msg.incarnation <= old.incarnation and name != self.name:
@@ -354,9 +416,14 @@ class SwimProtocol:
         self._set(Member(name, msg.addr, msg.incarnation, _ALIVE, msg.meta, since), old, now)
         self._suspicions.pop(name, None)
         self._lost.pop(name, None)
-        self._broadcast(name, msg)
+        if src is not None:
+            self._requeue(name, src)
+        else:
+            self._broadcast(name, msg)
 
-    def _suspect(self, incarnation: int, name: str, origin: str, now: float) -> None:
+    def _suspect(
+        self, incarnation: int, name: str, origin: str, now: float, src: Update | None = None
+    ) -> None:
         old = self._members.get(name)
         if old is None or incarnation < old.incarnation or old.state >= _DEAD:
             return
@@ -367,7 +434,10 @@ class SwimProtocol:
             susp = self._suspicions.get(name)
             if susp is not None and susp.confirm(origin):
                 self._at(susp.deadline(), _T_SUSPICION, name)
-                self._broadcast(name, Suspect(incarnation, name, origin))
+                if src is not None:
+                    self._requeue(name, src)
+                else:
+                    self._broadcast(name, Suspect(incarnation, name, origin))
             return
         cfg = self.config
         self._set(Member(name, old.addr, incarnation, _SUSPECT, old.meta, now), old, now)
@@ -376,14 +446,22 @@ class SwimProtocol:
         k = cfg.suspicion_mult - 2 if cfg.lifeguard_dynamic_suspicion else 0
         if n - 2 < k:
             k = 0
-        base = cfg.suspicion_timeout(n)
+        cached_n, base = self._timeout_for
+        if cached_n != n:
+            base = cfg.suspicion_timeout(n)
+            self._timeout_for = (n, base)
         top = base * cfg.suspicion_max_timeout_mult if cfg.lifeguard_dynamic_suspicion else base
         susp = Suspicion(origin, incarnation, now, k, base, top)
         self._suspicions[name] = susp
         self._at(susp.deadline(), _T_SUSPICION, name)
-        self._broadcast(name, Suspect(incarnation, name, origin))
+        if src is not None:
+            self._requeue(name, src)
+        else:
+            self._broadcast(name, Suspect(incarnation, name, origin))
 
-    def _dead(self, incarnation: int, name: str, origin: str, now: float) -> None:
+    def _dead(
+        self, incarnation: int, name: str, origin: str, now: float, src: Update | None = None
+    ) -> None:
         old = self._members.get(name)
         if old is None or incarnation < old.incarnation or old.state >= _DEAD:
             return
@@ -395,7 +473,10 @@ class SwimProtocol:
         self._suspicions.pop(name, None)
         if state == _DEAD:
             self._lost[name] = (old.addr, now)
-        self._broadcast(name, Dead(incarnation, name, origin))
+        if src is not None:
+            self._requeue(name, src)
+        else:
+            self._broadcast(name, Dead(incarnation, name, origin))
         self._at(now + self.config.gossip_to_dead_time, _T_REAP, name)
 
     def _refute(self, incarnation: int, now: float) -> None:
@@ -417,42 +498,52 @@ class SwimProtocol:
 
     def _set(self, new: Member, old: Member | None, now: float) -> None:
         """Store ``new`` and publish what changed from ``old``."""
-        self._members[new.name] = new
-        was_live = old is not None and old.is_live
-        if new.is_live and not was_live:
-            self._live += 1
-            if new.name != self.name and self._order:
-                self._order.insert(self._rng.randrange(len(self._order) + 1), new.name)
-        elif was_live and not new.is_live:
+        name = new.name
+        self._members[name] = new
+        state = new.state
+        was_live = old is not None and old.state <= _SUSPECT
+        if state <= _SUSPECT:
+            if not was_live:
+                self._live += 1
+                if name != self.name and self._order:
+                    self._order.insert(self._rng.randrange(len(self._order) + 1), name)
+        elif was_live:
             self._live -= 1
-        if new.name == self.name and old is not None and new.state == old.state == _ALIVE:
-            kind: EventKind | None = EventKind.UPDATED if new.meta != old.meta else None
-        elif old is None:
-            kind = EventKind.JOINED
-        elif new.state != old.state:
-            kind = {
-                _ALIVE: EventKind.ALIVE,
-                _SUSPECT: EventKind.SUSPECT,
-                _DEAD: EventKind.DEAD,
-                _LEFT: EventKind.LEFT,
-            }[new.state]
+        if old is None:
+            kind: EventKind | None = EventKind.JOINED
+        elif name == self.name and state == old.state == _ALIVE:
+            kind = EventKind.UPDATED if new.meta != old.meta else None
+        elif state != old.state:
+            kind = _STATE_EVENT[state]
         else:
             kind = None
         if kind is not None:
             self._events.append(MemberEvent(kind, new, now))
         if old is not None and kind is not EventKind.UPDATED and (
-            new.meta != old.meta or new.addr != old.addr
+            (new.meta is not old.meta and new.meta != old.meta) or new.addr != old.addr
         ):
             self._events.append(MemberEvent(EventKind.UPDATED, new, now))
 
-    def _state_message(self, m: Member) -> bytes:
+    def _state_message(self, m: Member) -> Update:
+        msg: Suspect | Dead
         if m.state == _SUSPECT:
-            return wrap_update(encode_message(Suspect(m.incarnation, m.name, self.name)))
-        return wrap_update(encode_message(Dead(m.incarnation, m.name, self.name)))
+            msg = Suspect(m.incarnation, m.name, self.name)
+        else:
+            msg = Dead(m.incarnation, m.name, self.name)
+        return Update(m.name, wrap_update(encode_message(msg)), msg)
 
     # ------------------------------------------------------------- dissemination
+    def _requeue(self, name: str, src: Update) -> None:
+        """Queue for dissemination a received update we repeat as is (same message, same
+        bytes: its encoding is reused, not redone)."""
+        self._queue.queue_update(Update(name, src.blob, src.msg))
+        if not self._gossip_armed and self.config.gossip_interval > 0 and self.config.gossip_nodes:
+            self._gossip_armed = True
+            self._at(self._now + self.config.gossip_interval, _T_GOSSIP, None)
+
     def _broadcast(self, name: str, msg: Alive | Suspect | Dead) -> None:
-        self._queue.queue(name, wrap_update(encode_message(msg)))
+        """Queue ``msg`` for dissemination (piggybacked, and gossiped while queued)."""
+        self._queue.queue_update(Update(name, wrap_update(encode_message(msg)), msg))
         if not self._gossip_armed and self.config.gossip_interval > 0 and self.config.gossip_nodes:
             self._gossip_armed = True
             self._at(self._now + self.config.gossip_interval, _T_GOSSIP, None)
@@ -463,36 +554,63 @@ class SwimProtocol:
         if not self._queue:
             return
         for m in self._random_live(cfg.gossip_nodes, exclude=None, dead_grace=cfg.gossip_to_dead_time, now=now):
-            updates = self._take_updates(cfg.udp_buffer_size - _PACKET_SLACK)
+            updates, size = self._take_updates(cfg.udp_buffer_size - _PACKET_SLACK)
             if not updates:
                 break
-            self._send(m.addr, None, updates, piggyback=False)
+            self._send(m.addr, None, updates, piggyback=False, priority_bytes=size)
         if self._queue and cfg.gossip_interval > 0 and cfg.gossip_nodes:
             self._gossip_armed = True
             self._at(now + cfg.gossip_interval, _T_GOSSIP, None)
 
-    def _take_updates(self, budget: int) -> list[bytes]:
+    def _take_updates(self, budget: int) -> tuple[list[Update], int]:
         if self._keyring is not None:
             budget -= SEAL_OVERHEAD
-        return self._queue.take(budget, self.config.retransmit_limit(self._live))
+        live = self._live
+        cached_live, limit = self._limit_for
+        if cached_live != live:
+            limit = self.config.retransmit_limit(live)
+            self._limit_for = (live, limit)
+        return self._queue.take_updates(budget, limit)
 
     def _send(
         self,
         addr: Address,
-        first: bytes | None,
-        priority: list[bytes] | None = None,
+        first_msg: Message | None,
+        priority: list[Update] | None = None,
         *,
         piggyback: bool = True,
+        priority_bytes: int = -1,
     ) -> None:
+        """Send ``first_msg`` (or pure gossip) with ``priority`` updates and, if
+        ``piggyback``, as many queued updates as fit; ``priority_bytes``: their encoded
+        size when the caller knows it."""
+        first = encode_message(first_msg) if first_msg is not None else None
         rest = list(priority) if priority else []
+        if priority_bytes >= 0:
+            rest_bytes = priority_bytes
+        else:
+            rest_bytes = sum(len(u.blob) for u in rest) if rest else 0
         if piggyback:
-            used = (len(first) if first else 1) + sum(map(len, rest))
+            used = (len(first) if first else 1) + rest_bytes
             budget = self.config.udp_buffer_size - _PACKET_SLACK - used
-            rest.extend(self._take_updates(budget))
-        data = build_packet(first, rest)
+            taken, taken_bytes = self._take_updates(budget)
+            rest.extend(taken)
+            rest_bytes += taken_bytes
+        stats = self.stats
+        if self._decoded_mode:
+            # The exact length build_packet would give, without joining the bytes.
+            size = (
+                len(array_header(2 + len(rest))) + _VERSION_LEN + (len(first) if first else 1) + rest_bytes
+            )
+            stats.packets_sent += 1
+            stats.bytes_sent += size
+            if size > stats.largest_packet:
+                stats.largest_packet = size
+            self._decoded.append((addr, DecodedPacket(first_msg, rest, size)))
+            return
+        data = build_packet(first, [u.blob for u in rest])
         if self._keyring is not None:
             data = self._keyring.seal(data)
-        stats = self.stats
         stats.packets_sent += 1
         stats.bytes_sent += len(data)
         if len(data) > stats.largest_packet:
@@ -550,7 +668,7 @@ class SwimProtocol:
             fwd = self._forwards.get(key)  # type: ignore[call-overload]
             if fwd is not None and not fwd.done:
                 self.stats.nacks_sent += 1
-                self._send(fwd.requester, encode_message(Nack(fwd.requester_seq)))
+                self._send(fwd.requester, Nack(fwd.requester_seq))
         elif kind == _T_FORWARD_END:
             self._forwards.pop(key, None)  # type: ignore[call-overload]
         elif kind == _T_GOSSIP:

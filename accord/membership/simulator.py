@@ -8,8 +8,13 @@ every packet and push-pull late (by a lag that changes from episode to episode) 
 their own timers still fire on time: the CPU-starved member of the Lifeguard paper,
 whose acks arrive "too late" by its own clock.
 
-Packets travel as the real encoded bytes, so byte counts are exact. Everything is
-driven by one ``random.Random(seed)``: a run is reproduced exactly by its seed.
+Packets travel, by default, as the protocol's decoded messages together with the exact
+size of their encoding (``SwimProtocol.use_decoded_packets``): every update is still
+encoded once, so byte counts and the UDP size bound are exact, but thousands of members
+do not spend their time in msgpack. ``wire=True`` (and any encrypted configuration)
+sends the real bytes instead; both modes give the same history for the same seed
+(``tests/membership/test_simulator.py`` checks it). Everything is driven by one
+``random.Random(seed)``: a run is reproduced exactly by its seed.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from .state import Address, Member, MemberEvent, MemberState
 
 __all__ = ["SimNode", "Simulator", "views_of"]
 
-_DELIVER, _WAKE, _SYNC_REQ, _SYNC_REPLY = range(4)
+_DELIVER, _WAKE, _SYNC_REQ, _SYNC_REPLY, _DELIVER_DECODED = range(5)
 _INF = float("inf")
 
 EventHook = Callable[[float, int, MemberEvent], None]
@@ -77,6 +82,7 @@ class Simulator:
         seeds: int = 1,
         on_event: EventHook | None = None,
         on_declare_dead: DeclareHook | None = None,
+        wire: bool = False,
     ) -> None:
         if n < 1:
             raise ValueError(f"need at least one member, got n={n}")
@@ -96,6 +102,8 @@ class Simulator:
         self.slow_duty = slow_duty
         self.on_event = on_event
         self.on_declare_dead = on_declare_dead
+        # Decoded packets unless asked for bytes, or encryption needs them.
+        self.wire = wire or bool(config.secret_keys)
         self.traffic = _Traffic()
         self._heap: list[tuple[float, int, int, int, object, object]] = []
         self._seq = 0
@@ -133,6 +141,8 @@ class Simulator:
             self.config, name, addr, {"role": "sim"}, seeds=seeds,
             rng=random.Random(self.rng.getrandbits(64)),
         )
+        if not self.wire:
+            proto.use_decoded_packets()
         if self.on_declare_dead is not None:
             hook = self.on_declare_dead
             proto.on_declare_dead = lambda subject, t, _i=i: hook(t, _i, subject)
@@ -224,17 +234,33 @@ class Simulator:
         out = node.proto.take_output()
         now = self.now
         lo, hi = self.latency
+        span = hi - lo
         rng = self.rng
-        for addr, data in out.packets:
-            j = self._by_addr.get(addr)
+        random_ = rng.random
+        loss = self.loss
+        nodes = self.nodes
+        by_addr = self._by_addr
+        heap = self._heap
+        partitioned = self._partitioned
+        src_addr = node.addr
+        packets: list[tuple[Address, object]]
+        if out.decoded:
+            packets, kind = out.decoded, _DELIVER_DECODED  # type: ignore[assignment]
+        else:
+            packets, kind = out.packets, _DELIVER  # type: ignore[assignment]
+        for addr, data in packets:
+            j = by_addr.get(addr)
             if j is None:
                 continue
-            dst = self.nodes[j]
-            if dst.crashed or not self._reachable(node, dst) or rng.random() < self.loss:
+            dst = nodes[j]
+            if dst.crashed or (partitioned and not self._reachable(node, dst)) or random_() < loss:
                 self.traffic.dropped += 1
                 continue
-            t = self._arrival(dst, now + lo + (hi - lo) * rng.random())
-            self._push(t, _DELIVER, j, node.addr, data)
+            t = now + lo + span * random_()
+            if dst.slow:
+                t = self._arrival(dst, t)
+            self._seq += 1
+            heapq.heappush(heap, (t, self._seq, kind, j, src_addr, data))
         for addr, join in out.syncs:
             j = self._by_addr.get(addr)
             if j is None:
@@ -272,7 +298,10 @@ class Simulator:
                 self._push(node.paused_until, kind, idx, a, b)
                 continue
             self.now = t
-            if kind == _DELIVER:
+            if kind == _DELIVER_DECODED:
+                self.traffic.delivered += 1
+                node.proto.handle_decoded(a, b, t)  # type: ignore[arg-type]
+            elif kind == _DELIVER:
                 self.traffic.delivered += 1
                 node.proto.handle_packet(a, b, t)  # type: ignore[arg-type]
             elif kind == _WAKE:
