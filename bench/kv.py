@@ -131,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=float, default=0.0, help="py-spy accord for S seconds (0: off)")
     p.add_argument("--native", action="store_true", help="profile C frames too (py-spy --native)")
     p.add_argument("--keep", action="store_true", help="keep the data directory")
+    p.add_argument("--accord-args", default="",
+                   help="extra flags for every accord serve, e.g. \"--shards 1 --gossip-listen off\"")
     args = p.parse_args(argv)
     cells = [c.strip() for c in args.cells.split(",") if c.strip()]
     for cell in cells:  # validate the cells before starting anything
@@ -147,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                            "machine": machine(), "duration_s": args.duration, "reps": args.reps,
                            "workers": args.workers}
     with Harness(keep=args.keep) as h, LoadGen(args.workers) as lg:
-        systems: dict[str, Cluster] = {"etcd": h.etcd(), "accord": h.accord(), "null": h.null()}
+        systems: dict[str, Cluster] = {"etcd": h.etcd(), "accord": h.accord(extra=tuple(args.accord_args.split())),
+                                       "null": h.null()}
         for rep in range(args.reps):
             for i, cell in enumerate(cells):
                 order = ["etcd", "accord", "null"]
@@ -170,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         memory: dict[str, dict[str, float]] = {}
         if args.mem_keys > 0:  # on fresh clusters: the rounds above leave history and garbage
             fresh: dict[str, Cluster] = {"etcd": EtcdCluster(h.root / "mem"),
-                                         "accord": AccordCluster(h.root / "mem")}
+                                         "accord": AccordCluster(h.root / "mem",
+                                                                extra=tuple(args.accord_args.split()))}
             for name, c in fresh.items():
                 h.add(c)
                 memory[name] = measure_memory(lg, c, args.mem_keys, 256)
