@@ -70,6 +70,48 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+DEBUG_GROUPS_METHOD = "/accord.Debug/Groups"
+"""The node's raw-bytes method answering every group's membership as JSON
+(``accord.node_members.groups_report``)."""
+
+
+def _group_name(gid: int) -> str:
+    """What a group id stands for (``accord.node_backend.kv_group`` and the services')."""
+    if gid == 1:
+        return "meta"
+    if gid == 2:
+        return "kv shard 0"
+    if gid == 3:
+        return "scheduler"
+    if gid > 100:
+        return f"kv shard {gid - 100}"
+    return f"group {gid}"
+
+
+def _groups(args: argparse.Namespace) -> int:
+    """Every Raft group as the first answering member sees it: leader, voters, learners."""
+    eps = _endpoints(args.endpoints)
+    members = _first(eps, lambda ch: _stubs.ClusterStub(ch).MemberList(
+        rpc_pb2.MemberListRequest(), timeout=TIMEOUT)).members
+    names = {m.ID: m.name or f"{m.ID:x}" for m in members}
+    raw: bytes = _first(eps, lambda ch: ch.unary_unary(DEBUG_GROUPS_METHOD)(b"", timeout=TIMEOUT))
+    report = json.loads(raw)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+
+    def who(ids: list[int]) -> str:
+        return ",".join(sorted(names.get(i, f"{i:x}") for i in ids)) or "-"
+
+    print(f"{'GROUP':<14} {'LEADER':<10} {'VOTERS':<30} {'LEARNERS':<16} {'APPLIED':>8}")
+    for gid, g in sorted(report["groups"].items(), key=lambda kv: int(kv[0])):
+        leader = names.get(g["leader"], "-") if g["leader"] else "-"
+        print(f"{_group_name(int(gid)):<14} {leader:<10} {who(g['voters']):<30} "
+              f"{who(g['learners']):<16} {g['applied']:>8}")
+    print(f"(as seen by {names.get(report['member_id'], report['member_id'])})")
+    return 0
+
+
 def _prefix_end(key: bytes) -> bytes:
     b = bytearray(key)
     while b and b[-1] == 0xFF:
@@ -109,7 +151,10 @@ def status_main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="accord status", description=_status.__doc__)
     p.add_argument("--endpoints", help="comma-separated client endpoints")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    return _run(_status, p.parse_args(list(argv)))
+    p.add_argument("--groups", action="store_true",
+                   help="every Raft group (meta, KV shards, scheduler): leader, voters, learners")
+    args = p.parse_args(list(argv))
+    return _run(_groups if args.groups else _status, args)
 
 
 def kv_main(argv: Sequence[str]) -> int:

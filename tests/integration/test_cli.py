@@ -40,6 +40,20 @@ def test_status_lists_every_member_and_one_leader(cluster: ProcCluster) -> None:
     assert table.returncode == 0 and "LEADER" in table.stdout
 
 
+def test_status_groups_lists_every_raft_group_with_its_voters(cluster: ProcCluster) -> None:
+    eps = cluster.nodes[0].endpoint
+    out = accord("status", "--groups", "--endpoints", eps)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    groups = lines[1:-1]
+    assert [g.split()[0] for g in groups[:3]] == ["meta", "kv", "scheduler"]
+    assert sum(g.startswith("kv shard ") for g in groups) == 8  # the default --shards
+    for line in groups:
+        assert "n1,n2,n3" in line  # every member votes in every group
+    report = json.loads(accord("status", "--groups", "--json", "--endpoints", eps).stdout)
+    assert len(report["groups"]) == len(lines) - 2
+
+
 def test_kv_put_get_delete(cluster: ProcCluster) -> None:
     eps = f"http://{cluster.nodes[1].endpoint}"
     assert accord("kv", "put", "/cli/a", "1", "--endpoints", eps).returncode == 0
