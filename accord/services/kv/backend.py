@@ -134,113 +134,88 @@ class Backend(Protocol):
     # --- identity -------------------------------------------------------------------------
     def header_info(self) -> HeaderInfo:
         """Cluster id, member id, Raft term and known leader, for response headers."""
-        ...
 
     @property
     def revision(self) -> int:
         """The latest revision applied on this member (for headers of non-KV responses)."""
-        ...
 
     @property
     def watch_hub(self) -> WatchHub | ShardedWatchHub:
         """The hub that serves watchers on this member."""
-        ...
 
     # --- KV -------------------------------------------------------------------------------
     async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
         """Read; linearizable unless ``req.serializable``."""
-        ...
 
     async def put(self, req: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
         """Write one key through consensus."""
-        ...
 
     async def delete_range(self, req: rpc_pb2.DeleteRangeRequest) -> rpc_pb2.DeleteRangeResponse:
         """Delete a range through consensus."""
-        ...
 
     async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
         """Apply a transaction through consensus (a read-only one may be served as a read)."""
-        ...
 
     async def compact(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
         """Compact history up to ``req.revision``."""
-        ...
 
     # --- leases ---------------------------------------------------------------------------
     async def lease_grant(self, req: rpc_pb2.LeaseGrantRequest) -> rpc_pb2.LeaseGrantResponse:
         """Create a lease."""
-        ...
 
     async def lease_revoke(self, req: rpc_pb2.LeaseRevokeRequest) -> rpc_pb2.LeaseRevokeResponse:
         """Revoke a lease and delete its keys."""
-        ...
 
     async def lease_keepalive(self, lease_id: int) -> int:
         """Renew a lease; returns its TTL in seconds, 0 when the lease is unknown/expired."""
-        ...
 
     async def lease_time_to_live(
         self, req: rpc_pb2.LeaseTimeToLiveRequest
     ) -> rpc_pb2.LeaseTimeToLiveResponse:
         """Remaining and granted TTL (``TTL=-1`` for an unknown lease), optionally the keys."""
-        ...
 
     async def lease_leases(self) -> rpc_pb2.LeaseLeasesResponse:
         """Every live lease."""
-        ...
 
     # --- cluster --------------------------------------------------------------------------
     async def members(self, linearizable: bool = False) -> list[MemberInfo]:
         """The cluster's members."""
-        ...
 
     async def member_add(
         self, peer_urls: Sequence[str], is_learner: bool
     ) -> tuple[MemberInfo, list[MemberInfo]]:
         """Add a member (accord: a node joining); returns it and the new member list."""
-        ...
 
     async def member_remove(self, member_id: int) -> list[MemberInfo]:
         """Remove a member (accord: a node leaving); returns the new member list."""
-        ...
 
     async def member_update(self, member_id: int, peer_urls: Sequence[str]) -> list[MemberInfo]:
         """Change a member's peer URLs; returns the new member list."""
-        ...
 
     async def member_promote(self, member_id: int) -> list[MemberInfo]:
         """Promote a learner to voter; returns the new member list."""
-        ...
 
     # --- maintenance ----------------------------------------------------------------------
     async def status(self) -> StatusInfo:
         """This member's status."""
-        ...
 
     async def alarm(self, req: rpc_pb2.AlarmRequest) -> list[tuple[int, int]]:
         """Get, raise or clear alarms; returns ``(member_id, AlarmType)`` pairs."""
-        ...
 
     async def snapshot(self) -> tuple[int, bytes]:
         """A consistent image of the store: ``(revision, bytes)``."""
-        ...
 
     async def defragment(self) -> None:
         """Reclaim storage space on this member."""
-        ...
 
     async def hash(self) -> int:
         """A 32-bit hash of this member's whole store."""
-        ...
 
     async def hash_kv(self, revision: int) -> HashKVResult:
         """A 32-bit hash of the MVCC keys up to ``revision`` (0 = current)."""
-        ...
 
     async def move_leader(self, target_id: int) -> None:
         """Transfer leadership to ``target_id``."""
-        ...
 
 
 def now_ms() -> int:
