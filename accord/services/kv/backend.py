@@ -495,8 +495,8 @@ class StateMachineBackend(ABC):
             return []
         result = await self.commit(self.sm.encode_lease_expire(ids, now, term))
         revoked = [int(i) for i in getattr(result, "revoked", ids)]
-        for lease_id in revoked:
-            await self._drop_elsewhere(lease_id)
+        # All at once: one round of proposals per shard, not one per lease.
+        await asyncio.gather(*(self._drop_elsewhere(i) for i in revoked))
         return revoked
 
     async def _drop_elsewhere(self, lease_id: int) -> None:
