@@ -125,6 +125,9 @@ class Config:
     member_dead_after: int = _opt(0, "Seconds a voting member may stay unreachable before the "
                                      "meta leader removes it from the cluster (replica repair; "
                                      "0: never).")
+    leader_balance_interval: int = _opt(2000, "Milliseconds between two leader-balancing moves: a "
+                                              "node leading more groups than its share hands one "
+                                              "to a less loaded voter (0: never).")
     log_level: str = _opt("info", "Log level: debug, info, warn, error.")
     listen_metrics_urls: list[str] = field(
         default_factory=list, metadata=_meta("Extra URLs serving /metrics and /health (default: none)."))
@@ -343,6 +346,8 @@ class Config:
             p(f"max-txn-ops {self.max_txn_ops}: must be >= 1")
         if self.member_dead_after < 0:
             p(f"member-dead-after {self.member_dead_after} s: must be >= 0 (0 turns it off)")
+        if self.leader_balance_interval < 0:
+            p(f"leader-balance-interval {self.leader_balance_interval} ms: must be >= 0 (0 turns it off)")
         if self.snapshot_count < 1:
             p(f"snapshot-count {self.snapshot_count}: must be >= 1")
         if self.log_level not in LOG_LEVELS:

@@ -67,7 +67,6 @@ LEASE_CHECKPOINT_INTERVAL = 5.0
 """Seconds between lease TTL checkpoints: bounds what a leader change can add to a lease."""
 LEASE_REAP_INTERVAL = 5.0
 """Seconds between two looks for lease ids left on a shard by an interrupted revocation."""
-BALANCE_INTERVAL = 2.0
 """Seconds between two looks at how leaderships are spread over the nodes."""
 PROGRESS_NOTIFY_INTERVAL = 600.0
 """etcd's default watch progress-notify interval."""
@@ -180,9 +179,10 @@ class Node:
             asyncio.create_task(self._publish(), name="publish-member"),
             asyncio.create_task(self._lease_loop(), name="lease-expiry"),
             asyncio.create_task(self._progress_loop(), name="watch-progress"),
-            asyncio.create_task(self._balance_loop(), name="leader-balance"),
             asyncio.create_task(self.members.run(), name="member-changes"),
         ]
+        if cfg.leader_balance_interval > 0:
+            self._tasks.append(asyncio.create_task(self._balance_loop(), name="leader-balance"))
         self._tasks.append(self.scheduling.start())
 
     # transport callbacks go through the node so they can be bound before the host exists
@@ -242,7 +242,7 @@ class Node:
     async def _balance_loop(self) -> None:
         """Hand one leadership at a time to a less loaded voter (see ``balance.py``)."""
         while True:
-            await asyncio.sleep(BALANCE_INTERVAL)
+            await asyncio.sleep(self.config.leader_balance_interval / 1000)
             groups = self.host.groups
             gone = self.cluster.removed  # still voters until their groups drop them
             plan = plan_transfer(
