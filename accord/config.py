@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -378,6 +379,7 @@ def _id63(*parts: str) -> int:
     return (int.from_bytes(h[:8], "big") >> 1) or 1
 
 
+@functools.lru_cache(maxsize=4096)
 def member_id(name: str, cluster_token: str) -> int:
     """The node id of member ``name`` in the cluster ``cluster_token``: stable, 1..2**63-1."""
     return _id63("accord-member", cluster_token, name)
@@ -393,8 +395,11 @@ def joined_member_id(peer_urls: Sequence[str], cluster_token: str) -> int:
     return _id63("accord-member-url", cluster_token, sorted(u.rstrip("/") for u in peer_urls)[0])
 
 
+@functools.lru_cache(maxsize=64)
 def cluster_id(cluster_token: str) -> int:
-    """The cluster's id (exchanged in peer handshakes): stable, 1..2**63-1."""
+    """The cluster's id (exchanged in peer handshakes): stable, 1..2**63-1.
+
+    Cached, like ``member_id``: every response header carries it."""
     return _id63("accord-cluster", cluster_token)
 
 

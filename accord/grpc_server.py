@@ -46,7 +46,8 @@ from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.services.cluster.servicer import AuthServicer, ClusterServicer, MaintenanceServicer
 from accord.services.kv.backend import Backend
 from accord.services.kv.errors import MSG_NO_LEADER
-from accord.services.kv.servicer import KVServicer, LeaseServicer, WatchServicer
+from accord.services.kv.servicer import KVServicer, LeaseServicer
+from accord.services.kv.watchstream import WatchServicer, add_watch_servicer
 
 MIB = 1024 * 1024
 GRPC_OVERHEAD_BYTES = 512 * 1024
@@ -198,7 +199,6 @@ def build_server(
     watch = WatchServicer(backend, max_response_bytes=opts.max_request_bytes)
     servicers: dict[str, object] = {
         "KV": KVServicer(backend),
-        "Watch": watch,
         "Lease": LeaseServicer(backend),
         "Cluster": ClusterServicer(backend),
         "Maintenance": MaintenanceServicer(backend),
@@ -209,6 +209,7 @@ def build_server(
             rpc_pb2_grpc, f"add_{name}Servicer_to_server"
         )
         register(servicer, server)
+    add_watch_servicer(watch, server)
     add_lock_services(server, backend)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -16,7 +16,8 @@ system goes first) and reports medians over the rounds:
   of every member before and after loading ``--mem-keys`` distinct 256-byte keys
   (default 50,000, not a million, to keep the run short), extrapolated linearly to MiB
   per million keys;
-* ``--profile S``: py-spy samples accord's leader for S seconds under put-256.
+* ``--profile S``: py-spy samples accord's leader for S seconds under put:256
+  (``--profile-cell watch:1000`` for another cell).
 
 Clients talk to every member round-robin, leader first (the single client of a
 1-concurrent cell talks to the leader). The machine's 2 cores are shared by the load
@@ -92,17 +93,16 @@ def measure_memory(lg: LoadGen, c: Cluster, keys: int, conc: int) -> dict[str, f
             "load_ops_s": r.ops / load_s if load_s else 0.0, "errors": float(r.errors)}
 
 
-def profile_accord(lg: LoadGen, c: Cluster, seconds: float, out_dir: Path,
+def profile_accord(lg: LoadGen, c: Cluster, spec: Spec, seconds: float, out_dir: Path,
                    native: bool = False) -> dict[str, Any]:
-    """py-spy on accord's leader while put-256 runs; the top 10 self-time functions."""
+    """py-spy on accord's leader while ``spec`` runs; the top 10 self-time functions."""
     if py_spy() is None:
         return {"error": "py-spy not installed"}
-    eps = ordered_endpoints(c)
     leader = c.leader()
-    out = out_dir / "accord-put256.raw"
+    out = out_dir / f"accord-{spec.workload}{spec.concurrency}.raw"
     prof = record(leader.pid, seconds, out, native=native)
     time.sleep(0.5)
-    lg.run(Spec("put", eps, 256, seconds + 1.0, tag="prof"))
+    lg.run(spec)
     prof.wait(seconds + 30)
     if not out.exists():
         return {"error": "py-spy wrote nothing (ptrace not permitted?)"}
@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--watch-rate", type=float, default=10.0, help="watch writer puts/s (default 10)")
     p.add_argument("--mem-keys", type=int, default=50_000, help="keys loaded for memory (0: skip)")
     p.add_argument("--profile", type=float, default=0.0, help="py-spy accord for S seconds (0: off)")
+    p.add_argument("--profile-cell", default="put:256", help="the cell to profile (default put:256)")
     p.add_argument("--native", action="store_true", help="profile C frames too (py-spy --native)")
     p.add_argument("--keep", action="store_true", help="keep the data directory")
     p.add_argument("--accord-args", default="",
@@ -167,7 +168,12 @@ def main(argv: list[str] | None = None) -> int:
                           file=sys.stderr, flush=True)
         prof: dict[str, Any] = {}
         if args.profile > 0:
-            prof = profile_accord(lg, systems["accord"], args.profile, h.root, args.native)
+            a = systems["accord"]
+            spec = spec_for(args.profile_cell, ordered_endpoints(a), args, "accord", args.reps)
+            spec.duration = args.profile + 1.0
+            prof = profile_accord(lg, a, spec, args.profile, h.root, args.native)
+            print(f"profile of {args.profile_cell} written to {h.root}; --keep keeps it",
+                  file=sys.stderr)
         for c in systems.values():
             c.stop()
         memory: dict[str, dict[str, float]] = {}
@@ -227,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     for g, ok in goals.items():
         print(f"  {'met   ' if ok else 'MISSED'} {g}")
     if prof:
-        print(f"\npy-spy, accord leader under put:256 ({prof.get('samples', 0)} samples), self time:")
+        print(f"\npy-spy, accord leader under {args.profile_cell} ({prof.get('samples', 0)} samples), self time:")
         for f, pct in prof.get("top", []):
             print(f"  {pct:5.1f}%  {f}")
         if prof.get("accord_inclusive"):

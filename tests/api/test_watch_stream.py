@@ -12,7 +12,7 @@ import pytest
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.services.kv.limits import Limits
 from accord.services.kv.local import LocalBackend
-from accord.services.kv.servicer import WatchStream
+from accord.services.kv.watchstream import WatchStream
 from tests.api.conftest import Running, start, stop
 
 

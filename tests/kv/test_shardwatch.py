@@ -22,10 +22,10 @@ from accord.proto import rpc_pb2 as pb
 from accord.services.kv.backend import Backend, HeaderInfo
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
-from accord.services.kv.servicer import WatchStream
 from accord.services.kv.shardwatch import MergedWatcher, ShardedWatchHub
 from accord.services.kv.statemachine import KVStateMachine as SM
 from accord.services.kv.watchhub import WatchBatch, Watcher
+from accord.services.kv.watchstream import WatchStream
 
 PUT, DELETE = kv_pb2.Event.PUT, kv_pb2.Event.DELETE
 KEYS = [b"k%d" % i for i in range(8)]
@@ -471,7 +471,7 @@ async def test_watch_stream_serves_a_merged_watcher() -> None:
     out = stream.run(feed()).__aiter__()
 
     async def read() -> pb.WatchResponse:
-        return await asyncio.wait_for(out.__anext__(), 5)
+        return pb.WatchResponse.FromString(await asyncio.wait_for(out.__anext__(), 5))
 
     try:
         requests.put_nowait(pb.WatchRequest(create_request=pb.WatchCreateRequest(

@@ -11,7 +11,8 @@ import grpc
 from accord.locks.servicer import add_lock_services
 from accord.proto import rpc_pb2_grpc
 from accord.services.kv.local import LocalBackend
-from accord.services.kv.servicer import KVServicer, LeaseServicer, WatchServicer
+from accord.services.kv.servicer import KVServicer, LeaseServicer
+from accord.services.kv.watchstream import WatchServicer, add_watch_servicer
 
 _rpc: Any = rpc_pb2_grpc
 
@@ -34,7 +35,7 @@ async def serve_local() -> AsyncIterator[tuple[str, LocalBackend]]:
         watch = WatchServicer(backend, max_response_bytes=1 << 20)
         _rpc.add_KVServicer_to_server(KVServicer(backend), server)
         _rpc.add_LeaseServicer_to_server(LeaseServicer(backend), server)
-        _rpc.add_WatchServicer_to_server(watch, server)
+        add_watch_servicer(watch, server)
         add_lock_services(server, backend)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()

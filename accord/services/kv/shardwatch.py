@@ -62,6 +62,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 
 from accord.services.kv.watchhub import (
+    Wake,
     WatchBatch,
     Watcher,
     WatchHub,
@@ -109,7 +110,7 @@ class MergedWatcher:
         """A progress request arrived during the round: run another one after it."""
         self._got: list[int | None] = [None] * len(self._subs)
         """Per sub-watcher: the revision of its answer to the current round."""
-        self._wake = asyncio.Event()
+        self._wake: Wake = asyncio.Event()
         for s in self._subs:
             s.share_wake(self._wake)
 
@@ -173,6 +174,15 @@ class MergedWatcher:
             if not took_progress:
                 return None
 
+    def share_wake(self, wake: Wake) -> None:
+        """Set ``wake`` whenever any sub-watcher gets something or the watch ends (the
+        watch stream's ready list); ``next_batch`` then waits on an event of its own."""
+        self._wake = wake
+        for s in self._subs:
+            s.share_wake(wake)
+        if self._final is not None:
+            wake.set()
+
     async def next_batch(self, max_events: int = 1000) -> WatchBatch:
         """Wait for the next batch; wakes when any sub-watcher gets something. After a
         cancel, returns the cancel batch again."""
@@ -180,6 +190,9 @@ class MergedWatcher:
             batch = self.poll(max_events)
             if batch is not None:
                 return batch
+            if not isinstance(self._wake, asyncio.Event):
+                self.share_wake(asyncio.Event())
+            assert isinstance(self._wake, asyncio.Event)
             self._wake.clear()
             await self._wake.wait()
 

@@ -21,6 +21,7 @@ import asyncio
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from accord.proto import kv_pb2, rpc_pb2
 from accord.services.kv import errors
@@ -34,6 +35,14 @@ NOPUT = rpc_pb2.WatchCreateRequest.NOPUT
 NODELETE = rpc_pb2.WatchCreateRequest.NODELETE
 
 Change = tuple[bytes, Rec, Rec | None]
+
+
+class Wake(Protocol):
+    """What a watcher rings when it gets a batch or ends: an ``asyncio.Event``, or the
+    watch stream's ready list (see ``watchstream.py``)."""
+
+    def set(self) -> None:
+        """Note that the watcher has something."""
 
 
 @dataclass(slots=True)
@@ -112,7 +121,7 @@ class Watcher:
         self.synced = False
         self._queue: deque[WatchBatch] = deque()
         self._queued_events = 0
-        self._wake: asyncio.Event | None = None
+        self._wake: Wake | None = None
         self._final: WatchBatch | None = None
         self._want_progress = False
 
@@ -194,9 +203,10 @@ class Watcher:
             return max(self._hub.store.rev + 1, self.min_rev)
         return self.next_rev
 
-    def share_wake(self, wake: asyncio.Event) -> None:
+    def share_wake(self, wake: Wake) -> None:
         """Set ``wake`` whenever this watcher gets a batch or ends, so that one task can
-        wait on several watchers at once (see ``shardwatch.MergedWatcher``)."""
+        wait on several watchers at once (``shardwatch.MergedWatcher``, the watch
+        stream); ``next_batch`` then waits on an event of its own instead."""
         self._wake = wake
         if self._queue or self._final is not None:
             wake.set()
@@ -207,7 +217,7 @@ class Watcher:
             batch = self.poll(max_events)
             if batch is not None:
                 return batch
-            if self._wake is None:
+            if not isinstance(self._wake, asyncio.Event):
                 self._wake = asyncio.Event()
             self._wake.clear()
             await self._wake.wait()
