@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -357,10 +358,31 @@ def _check_shard_count(data_dir: Path, shards: int) -> int:
     return shards
 
 
+GC_THRESHOLDS = (10_000, 20, 10)
+"""The collector's thresholds in a serving node (CPython's default: 700, 10, 10)."""
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector cheaper for a long-running server.
+
+    Everything alive once the node has started (modules, gRPC, the recovered store) is
+    moved out of the collector's sight (``gc.freeze``): it lives as long as the process
+    and would otherwise be traversed by every full collection. Young collections run
+    after 10,000 net container allocations instead of 700, and the older generations
+    less often. Reference counting still frees all acyclic garbage at once; only cycles
+    wait longer. Measured with ``bench/kv.py`` (put:256, get:256, watch:1000, 2 rounds,
+    3 nodes): time spent collecting 4.4 s -> 0.8 s, longest full collection 183 -> 36 ms.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 async def serve(config: Config) -> int:
     """Run a node until SIGTERM/SIGINT or a fatal storage error."""
     node = Node(config)
     await node.start()
+    tune_gc()
     cfg = node.config
     print(f"accord node {cfg.name} (id {node.member_id:x}) serving clients on "
           + ", ".join(cfg.advertise_client_urls), flush=True)
