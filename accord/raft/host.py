@@ -6,7 +6,9 @@ The shape is TiKV's batch system: a poll loop takes every group that has work
 1. the leaders' messages go out at once (they depend on nothing unpersisted, so
    the leader replicates while its own write is in flight, Raft thesis §10.2.1);
 2. every group's entries and hard state go to the shared write-ahead log in one
-   ``WriteBatch``: one write and one fsync per turn for the whole node;
+   ``WriteBatch``: one write and one fsync per turn for the whole node (a hard
+   state that only moves the commit index is not written on its own: commit is
+   volatile in Raft, so a turn that only learns of commits costs no fsync);
 3. then the messages that promise durable state (votes, append acks);
 4. committed entries are queued for the apply task, which runs apart from the
    poll loop, so a slow state machine delays answers, never heartbeats.
@@ -195,6 +197,8 @@ class Group:
     """Woken when the membership this node applied changes (``propose_conf_change``)."""
     snapshot_busy: bool = False
     """A snapshot of this group is being written (one at a time)."""
+    saved_vote: tuple[int, int] = (0, 0)
+    """Term and vote of the last hard state written to the log."""
     want_compaction: bool = False
     """A node was added while the log still starts at index 1: snapshot soon, so a
     leader (this one, or whichever follows) can send the newcomer a snapshot."""
@@ -316,6 +320,7 @@ class MultiRaftHost:
         core = RaftCore(cfg, state, voters=voters, learners=learners)
         g = Group(group_id, core, sm, applied=applied, last_snapshot_index=applied)
         g.persisted_conf = core.conf_state
+        g.saved_vote = (state.hard_state.term, state.hard_state.vote)
         self._groups[group_id] = g
         self._note_peers(core.conf_state)
         self._activate(g)
@@ -782,9 +787,18 @@ class MultiRaftHost:
                 # this node's own write (of new entries or of the commit index) is in
                 # flight, rather than after it. A snapshot to install waits for its write.
                 self._hand_out(g, rd)
-            if rd.snapshot is not None or rd.entries or rd.hard_state is not None:
-                batch.add(g.id, hard_state=rd.hard_state, entries=rd.entries,
+            hs = rd.hard_state
+            if (hs is not None and not rd.entries and rd.snapshot is None
+                    and (hs.term, hs.vote) == g.saved_vote):
+                # Only the commit index moved. It is volatile state in Raft (a restarted
+                # node starts from its snapshot and learns it again from the leader), so
+                # it rides along with the next write instead of costing one of its own.
+                hs = None
+            if rd.snapshot is not None or rd.entries or hs is not None:
+                batch.add(g.id, hard_state=hs, entries=rd.entries,
                           snapshot=rd.snapshot.meta if rd.snapshot is not None else None)
+                if hs is not None:
+                    g.saved_vote = (hs.term, hs.vote)
         for gid, meta in compactions:
             batch.compact(gid, meta)
         for gid, index, cs in confs:

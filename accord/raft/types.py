@@ -158,7 +158,9 @@ class Ready:
       1. send ``messages`` right away (they do not depend on unpersisted state: the
          leader's appends and heartbeats, Raft thesis §10.2.1);
       2. make ``snapshot`` (if any), ``entries`` and ``hard_state`` (if any) durable,
-         in one batch;
+         in one batch (a ``hard_state`` whose term and vote are those already durable
+         may be skipped: its commit index is volatile state, and a restarted core
+         starts from ``max(commit, snapshot index)`` and learns the rest again);
       3. then send ``persisted_messages`` (votes, append acks, ...: they promise
          what step 2 made durable);
       4. apply ``committed_entries`` in order (may run later, asynchronously);
