@@ -210,8 +210,12 @@ async def test_background_membership_joins_from_a_thread() -> None:
         addr = await asyncio.to_thread(bg.start)
         assert addr[0] == "127.0.0.1" and addr[1] > 0
         await wait_for(lambda: state_of(a, "agent") == MemberState.ALIVE)
-        names = {m.name for m in await asyncio.to_thread(bg.members)}
-        assert names == {"a", "agent"}
+        # The agent's own view fills in as the join's state exchange lands.
+        names: set[str] = set()
+        async with asyncio.timeout(15):
+            while names != {"a", "agent"}:
+                names = {m.name for m in await asyncio.to_thread(bg.members)}
+                await asyncio.sleep(0.05)
         await asyncio.to_thread(bg.stop)
         await wait_for(lambda: state_of(a, "agent") == MemberState.LEFT)
     finally:
