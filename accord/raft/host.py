@@ -13,6 +13,11 @@ The shape is TiKV's batch system: a poll loop takes every group that has work
 4. committed entries are queued for the apply task, which runs apart from the
    poll loop, so a slow state machine delays answers, never heartbeats.
 
+Modules: this one drives the groups (poll loop, proposals, inbound messages,
+membership); ``hostapply.py`` holds the read and apply side (ReadIndex waiters, the
+apply task, snapshots); ``hostgroup.py`` the ``Group`` record and the contracts
+(``StateMachine``, ``Transport``, ``HostConfig``).
+
 Proposals carry an envelope ``[origin node, sequence, payload]``. Any node can
 propose: a follower forwards the envelope to the leader in a ``PROPOSE`` message,
 and the origin answers its client when it applies the entry itself, so no
@@ -44,11 +49,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -62,6 +65,17 @@ from accord.raft.confchange import (
 )
 from accord.raft.core import Config as CoreConfig
 from accord.raft.core import RaftCore
+from accord.raft.hostapply import ReadsAndApply
+from accord.raft.hostgroup import (
+    ApplyError,
+    FileSource,
+    Group,
+    GroupUnavailable,
+    HostConfig,
+    ReadWaiter,
+    StateMachine,
+    Transport,
+)
 from accord.raft.quiesce import (
     QUIESCE_CONTEXT,
     PeerLiveness,
@@ -85,157 +99,24 @@ from accord.raft.types import (
 )
 from accord.raft.wal import WALFatalError, WriteAheadLog, WriteBatch
 
+__all__ = [
+    "ApplyError",
+    "Group",
+    "GroupUnavailable",
+    "HostConfig",
+    "MultiRaftHost",
+    "StateMachine",
+    "Transport",
+]
+
 log = logging.getLogger("accord.raft.host")
 T = TypeVar("T")
 
 
-class StateMachine(Protocol):
-    """What a group replicates. ``apply`` must be deterministic."""
-
-    def apply(self, index: int, payload: bytes) -> object:
-        """Apply one committed command; the return value answers the proposer."""
-        ...
-
-    def prepare_snapshot(self) -> Callable[[], bytes]:
-        """Capture the state now (cheaply, on the loop); the function returned
-        serializes that capture and runs in a worker thread."""
-        ...
-
-    def restore(self, data: bytes) -> None:
-        """Replace the whole state by a snapshot's."""
-        ...
-
-
-class Transport(Protocol):
-    """The part of ``PeerTransport`` the host uses."""
-
-    def send(self, to_node: int, group_id: int, msg: Message) -> None: ...
-
-    def flush(self) -> None: ...
-
-    def send_heartbeat(self, to_node: int, group_id: int, term: int, commit: int) -> None: ...
-
-    def start_snapshot(
-        self,
-        to_node: int,
-        group_id: int,
-        meta: SnapshotMeta,
-        source: _FileSource,
-        on_done: Callable[[bool], None],
-    ) -> None: ...
-
-    def add_peer_lost_listener(self, listener: Callable[[int], None]) -> None: ...
-
-
-class GroupUnavailable(Exception):
-    """The group cannot serve the request now; retrying later may succeed.
-
-    ``reason`` is one of etcd's transient errors: ``no leader``, ``leader
-    changed``, ``request timed out``.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class ApplyError(Exception):
-    """Wraps an exception the state machine raised for a command (its answer)."""
-
-
-@dataclass(slots=True)
-class HostConfig:
-    """Timing and batching knobs of a host."""
-
-    tick_interval: float = 0.1
-    """Seconds per Raft tick (the heartbeat interval)."""
-    election_ticks: int = 10
-    request_timeout: float = 7.0
-    """How long a proposal or read may wait for its answer."""
-    snapshot_entries: int = 10_000
-    """Applied entries between two snapshots of a group."""
-    lease_read: bool = False
-    clock_drift_ticks: int = 0
-    max_apply_batch: int = 512
-    """Entries applied before the apply task yields to the event loop."""
-    quiesce: bool = True
-    """Stop ticking idle groups (``quiesce.py``); never with lease reads, whose lease
-    needs ticks to expire."""
-    quiesce_after_ticks: int = 3
-    """Idle ticks before a leader quiesces its group."""
-
-
-@dataclass(slots=True)
-class _ReadWaiter:
-    future: asyncio.Future[None]
-    index: int = 0
-
-
-@dataclass(slots=True, eq=False)
-class Group:
-    """One Raft group hosted on this node: its core, state machine and waiters."""
-
-    id: int
-    core: RaftCore
-    sm: StateMachine
-    applied: int = 0
-    applied_term: int = 0
-    last_snapshot_index: int = 0
-    proposals: dict[int, asyncio.Future[object]] = field(default_factory=dict)
-    reads_pending: list[asyncio.Future[None]] = field(default_factory=list)
-    reads_issued: dict[bytes, tuple[int, list[asyncio.Future[None]]]] = field(default_factory=dict)
-    """ReadIndex context -> (the leader it went to, the reads waiting for its answer)."""
-    reads_waiting: list[_ReadWaiter] = field(default_factory=list)
-    apply_queue: deque[Entry] = field(default_factory=deque)
-    pending_restore: Snapshot | None = None
-    persisted_conf: ConfState | None = None
-    leader_listeners: list[Callable[[int, int], None]] = field(default_factory=list)
-    idle_ticks: int = 0
-    quiesce_from: int = NO_NODE
-    """A leader that asked this follower to quiesce (checked once the turn is done)."""
-    conf_waiters: list[asyncio.Future[None]] = field(default_factory=list)
-    """Woken when the membership this node applied changes (``propose_conf_change``)."""
-    snapshot_busy: bool = False
-    """A snapshot of this group is being written (one at a time)."""
-    saved_vote: tuple[int, int] = (0, 0)
-    """Term and vote of the last hard state written to the log."""
-    want_compaction: bool = False
-    """A node was added while the log still starts at index 1: snapshot soon, so a
-    leader (this one, or whichever follows) can send the newcomer a snapshot."""
-
-    @property
-    def leader(self) -> int:
-        """The leader this node knows of (``NO_NODE`` if none)."""
-        return self.core.leader_id
-
-
-class _FileSource:
-    """A snapshot file as a ``SnapshotSource`` (reads happen off the event loop)."""
-
-    def __init__(self, store: SnapshotStore, group: int, path: str, size: int) -> None:
-        self._store = store
-        self._group = group
-        self._path = path
-        self._size = size
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    async def read(self, offset: int, max_bytes: int) -> bytes:
-        def _read() -> bytes:
-            with open(self._path, "rb") as f:
-                f.seek(offset)
-                return f.read(max_bytes)
-
-        return await asyncio.to_thread(_read)
-
-
 _ENVELOPE = msgpack.Packer(use_bin_type=True)
-_READ_CTX = struct.Struct(">QQQ")
 
 
-class MultiRaftHost:
+class MultiRaftHost(ReadsAndApply):
     """Drives every Raft group of one node (see the module docstring)."""
 
     def __init__(
@@ -450,19 +331,20 @@ class MultiRaftHost:
                     raise
                 # A group between leaders (at start, after a crash) elects within an
                 # election timeout or two: wait that long rather than fail at once.
+                start = self._loop.time()
                 await self._await_leader(g, timeout)
                 self._submit(g, data)
+                if timeout is not None:
+                    timeout = max(0.0, timeout - (self._loop.time() - start))
             return await self._wait(fut, timeout)
         finally:
             g.proposals.pop(seq, None)
 
     async def _await_leader(self, g: Group, timeout: float | None) -> None:
-        """Return once ``g`` knows a leader; ``no leader`` after two election timeouts
-        (or ``timeout``, if shorter)."""
+        """Return once ``g`` knows a leader; ``no leader`` after two election timeouts,
+        or after ``timeout`` when the caller gave one (its whole budget)."""
         cfg = self.config
-        wait = 2 * cfg.tick_interval * cfg.election_ticks
-        if timeout is not None:
-            wait = min(wait, timeout)
+        wait = 2 * cfg.tick_interval * cfg.election_ticks if timeout is None else timeout
         deadline = self._loop.time() + wait
         self._activate(g)
         while g.core.leader_id == NO_NODE:
@@ -701,10 +583,6 @@ class MultiRaftHost:
         return end
 
     # ------------------------------------------------------------------ poll loop
-    def _mark(self, g: Group) -> None:
-        self._dirty.add(g)
-        self._wake.set()
-
     async def _ticker(self) -> None:
         interval = self.config.tick_interval
         while True:
@@ -866,7 +744,7 @@ class MultiRaftHost:
             issued = g.reads_issued.pop(rs.request_ctx, None)
             if issued:
                 for f in issued[1]:
-                    g.reads_waiting.append(_ReadWaiter(f, rs.index))
+                    g.reads_waiting.append(ReadWaiter(f, rs.index))
 
     def _pending_conf(self, g: Group, cs: ConfState) -> None:
         # Persist the membership in force with the next batch: recovery then starts
@@ -885,7 +763,7 @@ class MultiRaftHost:
         if info is None:
             g.core.report_snapshot(m.to, False)
             return
-        source = _FileSource(self._snapshots, g.id, str(info.path), info.size)
+        source = FileSource(self._snapshots, g.id, str(info.path), info.size)
         peer = m.to
 
         def done(ok: bool) -> None:
@@ -896,145 +774,6 @@ class MultiRaftHost:
             self._mark(g)
 
         self._transport.start_snapshot(peer, g.id, info.meta, source, done)
-
-    # ------------------------------------------------------------------ reads
-    def _issue_reads(self, g: Group) -> None:
-        self._read_seq += 1
-        ctx = _READ_CTX.pack(self.node_id, self._boot, self._read_seq)
-        try:
-            g.core.read_index(ctx)
-        except ProposalDropped as e:
-            # No leader known yet, or a new leader has not committed in its term:
-            # the reads stay pending and are retried every tick until they time out.
-            log.debug("group %d: read deferred: %s", g.id, e)
-            return
-        g.reads_issued[ctx] = (g.core.leader_id, g.reads_pending)
-        g.reads_pending = []
-
-    def _release_reads(self, g: Group) -> None:
-        keep: list[_ReadWaiter] = []
-        for w in g.reads_waiting:
-            if w.index <= g.applied:
-                if not w.future.done():
-                    w.future.set_result(None)
-            else:
-                keep.append(w)
-        g.reads_waiting = keep
-
-    def _fail_reads(self, g: Group, keep_leader: int = NO_NODE) -> None:
-        """Fail the ReadIndex requests sent to a leader other than ``keep_leader``."""
-        err = GroupUnavailable("leader changed")
-        for ctx, (leader, futs) in list(g.reads_issued.items()):
-            if leader != keep_leader or leader == NO_NODE:
-                self._fail_futures(futs, err)
-                del g.reads_issued[ctx]
-
-    @staticmethod
-    def _fail_futures(futs: Iterable[asyncio.Future[None]], err: BaseException) -> None:
-        for f in futs:
-            if not f.done():
-                f.set_exception(err)
-
-    def _fail_waiters(self, g: Group, err: BaseException) -> None:
-        for pf in g.proposals.values():
-            if not pf.done():
-                pf.set_exception(err)
-        self._fail_futures(g.reads_pending, err)
-        g.reads_pending = []
-        self._fail_reads(g)
-        self._fail_futures((w.future for w in g.reads_waiting), err)
-        g.reads_waiting = []
-
-    # ------------------------------------------------------------------ apply
-    async def _apply_loop(self) -> None:
-        while True:
-            await self._apply_wake.wait()
-            self._apply_wake.clear()
-            while self._apply_ready:
-                g = self._apply_ready.pop()
-                done = self._apply_some(g)
-                if not done:
-                    self._apply_ready.add(g)
-                await asyncio.sleep(0)
-                if g.apply_queue or g.pending_restore is not None:
-                    continue
-                if (g.applied - g.last_snapshot_index >= self.config.snapshot_entries
-                        or (g.want_compaction and g.applied > 0)):
-                    await self._take_snapshot(g)
-
-    def _apply_some(self, g: Group) -> bool:
-        """Apply up to ``max_apply_batch`` entries; True when the queue is empty."""
-        if g.pending_restore is not None:
-            snap = g.pending_restore
-            g.pending_restore = None
-            g.sm.restore(snap.data)
-            g.applied = snap.meta.index
-            g.applied_term = snap.meta.term
-            g.last_snapshot_index = snap.meta.index
-        q = g.apply_queue
-        n = 0
-        while q and n < self.config.max_apply_batch:
-            e = q.popleft()
-            n += 1
-            if e.index <= g.applied:
-                continue
-            if e.type == EntryType.NORMAL and e.data:
-                self._apply_entry(g, e)
-            g.applied = e.index
-            g.applied_term = e.term
-        if g.reads_waiting:
-            self._release_reads(g)
-        return not q
-
-    def _apply_entry(self, g: Group, e: Entry) -> None:
-        origin, seq, payload = msgpack.unpackb(e.data, raw=False)
-        try:
-            result: object = g.sm.apply(e.index, payload)
-            failed = False
-        except Exception as exc:  # the state machine refused the command: that is its answer
-            result, failed = exc, True
-        if origin != self.node_id:
-            return
-        fut = g.proposals.get(seq)
-        if fut is None or fut.done():
-            return
-        if failed:
-            assert isinstance(result, BaseException)
-            fut.set_exception(result)
-        else:
-            fut.set_result(result)
-
-    async def _take_snapshot(self, g: Group) -> None:
-        if g.snapshot_busy:
-            return
-        g.snapshot_busy = True
-        try:
-            await self._snapshot_group(g)
-        finally:
-            g.snapshot_busy = False
-
-    async def _snapshot_group(self, g: Group) -> None:
-        index, term = g.applied, g.applied_term
-        if g.core.applied_index < index:
-            # The core has not yet been told these entries were handed out (its
-            # advance() comes after this node's write): its membership may not include
-            # a change among them. Snapshot on a later pass.
-            return
-        meta = SnapshotMeta(index=index, term=term, conf_state=g.core.conf_state)
-        serialize = g.sm.prepare_snapshot()
-
-        def _write() -> None:
-            data = serialize()
-            with self._snapshots.writer(g.id, meta) as w:
-                w.write(data)
-                w.finish()
-
-        await asyncio.to_thread(_write)
-        g.last_snapshot_index = index
-        g.core.compact(meta)
-        self._pending_compactions.append((g.id, meta))
-        self._mark(g)
-
 
 def _conf_done(cs: ConfState, cc: ConfChange) -> bool:
     """Whether every single change of ``cc`` is in force in ``cs`` (and it is not joint)."""
