@@ -38,11 +38,37 @@ Record types and payloads (all msgpack):
 * ``REMOVE_GROUP``: ``[]``: the group is gone from this node; everything it had
   before this record is dead.
 
+Preallocation: a segment file is created at its full size (its "room"), the header
+followed by written zeros, and made durable before any record goes into it (see
+``wal.py`` for why written zeros rather than ``posix_fallocate``). Records then
+overwrite the zeros from the front; the file's size never changes while it is in use.
+A segment being prepared lives under ``<seq as 16 hex digits>.wal.prep`` and is
+renamed to its final name when the log starts using it; a leftover ``.prep`` file
+is a crash's half-prepared segment: never part of the log, removed by recovery.
+
+The end of a segment's records: the first offset where no valid record starts,
+*if every byte from there to the end of the file is zero* (the untouched
+preallocated tail; or simply the end of the file). This holds in any segment: a
+rotated segment keeps its zero tail (cutting it off would put an ``ftruncate`` and
+an fsync on the writer's path for no gain). The check is a chunked ``memcmp``
+against a zero block, not a Python loop over bytes.
+
 Torn tail versus corruption: a bad record (short, bad magic, bad length or bad
-CRC) in the *last* segment after which no valid record can be found is a torn
-write from a crash and is truncated by recovery. Any other bad record is
-corruption: recovery refuses to start with an error that names the file, the
-offset and the group.
+CRC) in the *last* segment that is followed by non-zero bytes (or is non-zero
+itself) but by no valid record is a torn write from a crash: recovery zeroes it
+(back to the preallocated state, durably). Any other bad spot is corruption and
+recovery refuses to start with an error that names the file, the offset and the
+group: a bad record followed by a valid one (a bit flip, or a zeroed sector: zeros
+where a record header should be are the end of the log only when *nothing* but
+zeros follows), and any bad spot in a segment other than the last. A last segment
+shorter than its header is a crash while creating it (written by a version without
+preallocation) and is removed; a full-size segment with a bad header, even one of
+all zeros, is damage (a prepared segment gets its name only once its header is
+durable).
+
+Known limit (as before preallocation): damage confined to the very end of the last
+segment, after which no valid record follows, cannot be told from a torn write and
+is wiped as one.
 """
 
 from __future__ import annotations
@@ -50,7 +76,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -74,6 +100,12 @@ _POSITION = struct.Struct("<QQ")
 _CRC_INPUT = struct.Struct("<QQBBBxQI")  # position, then the 16 covered header bytes
 MAX_PAYLOAD = 1 << 30
 _RECORD_START = bytes([RECORD_MAGIC, FORMAT_VERSION])
+PREP_SUFFIX = ".prep"
+ZERO_CHUNK_SIZE = 1 << 20
+_ZEROS = bytes(ZERO_CHUNK_SIZE)
+_FINE_BLOCK = 4096
+"""One block of zeros, shared by zero-filling and by zero-tail detection (memory stays
+bounded: a 64 MiB segment is written and checked a block at a time)."""
 
 
 class RecordType(IntEnum):
@@ -367,6 +399,67 @@ def parse_segment_name(name: str) -> int | None:
         return None
 
 
+def prep_name(seq: int) -> str:
+    """File name of segment ``seq`` while it is being prepared (not yet part of the log)."""
+    return segment_name(seq) + PREP_SUFFIX
+
+
+def list_prepared(directory: Path) -> list[Path]:
+    """Every half- or fully-prepared segment file in ``directory`` (none is in use)."""
+    return sorted(
+        p for p in directory.iterdir()
+        if p.name.endswith(PREP_SUFFIX) and parse_segment_name(p.name[: -len(PREP_SUFFIX)]) is not None
+    )
+
+
+def write_zeros(fd: int, start: int, end: int) -> None:
+    """Overwrite bytes ``start..end`` of ``fd`` with zeros, a block at a time."""
+    off = start
+    while off < end:
+        n = os.pwrite(fd, memoryview(_ZEROS)[: min(ZERO_CHUNK_SIZE, end - off)], off)
+        off += n
+
+
+def prepare_segment(
+    path: Path, seq: int, room: int, *, sync: bool, cancelled: Callable[[], bool] | None = None
+) -> bool:
+    """Create ``path``: segment ``seq``'s header, then written zeros up to ``room`` bytes.
+
+    The zeros are written, not ``fallocate``d, so that every block is allocated and
+    initialised before any record goes in (see ``wal.py``). With ``sync`` the file is
+    fsynced (data and size) and so is its directory. ``cancelled`` is polled between
+    blocks; if it says so the partial file is removed and False is returned.
+    """
+    if room < SEGMENT_HEADER_SIZE:
+        raise ValueError(f"a segment needs at least {SEGMENT_HEADER_SIZE} bytes, got {room}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        head = segment_header(seq)
+        os.pwrite(fd, head, 0)  # 20 bytes into an empty file: never short
+        off = SEGMENT_HEADER_SIZE
+        while off < room:
+            if cancelled is not None and cancelled():
+                os.close(fd)
+                fd = -1
+                path.unlink(missing_ok=True)
+                return False
+            end = min(room, off + ZERO_CHUNK_SIZE)
+            write_zeros(fd, off, end)
+            off = end
+        if sync:
+            os.fsync(fd)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if sync:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return True
+
+
 def list_segments(directory: Path) -> list[tuple[int, Path]]:
     """Every segment file in ``directory``, oldest first."""
     out = []
@@ -410,11 +503,37 @@ class SegmentScan:
     seq: int
     path: Path
     size: int
+    """The file's size: its preallocated room (or, for a file that was not preallocated,
+    simply where it ends)."""
     records: list[Record] = field(default_factory=list)
     valid_end: int = 0
+    """Where the valid records end: appending continues here."""
+    data_end: int = 0
+    """Where the last non-zero byte at or after ``valid_end`` ends (``valid_end`` when
+    only zeros follow the records): a torn tail is ``valid_end..data_end``."""
     damage: Damage | None = None
     header_torn: bool = False
-    """The file is shorter than its header (a crash while creating it)."""
+    """The last segment is shorter than its header (a crash while creating it)."""
+
+
+def nonzero_end(data: bytes, start: int) -> int:
+    """End of the last non-zero byte of ``data[start:]``; ``start`` if there is none.
+
+    Scans whole zero blocks backwards with ``bytes.startswith`` (a ``memcmp``, no
+    copy), so 64 MiB of zero tail costs milliseconds, not a Python loop per byte.
+    """
+    end = len(data)
+    step = ZERO_CHUNK_SIZE
+    while end > start:
+        lo = max(start, end - step)
+        n = end - lo
+        if data.startswith(_ZEROS if n == ZERO_CHUNK_SIZE else _ZEROS[:n], lo):
+            end = lo
+        elif step > _FINE_BLOCK:
+            step = _FINE_BLOCK  # the last non-zero byte is in this block: narrow down
+        else:
+            return lo + len(data[lo:end].rstrip(b"\0"))
+    return start
 
 
 def _check_record(data: bytes, seq: int, off: int) -> tuple[Record | None, str, int | None]:
@@ -444,11 +563,11 @@ def _check_record(data: bytes, seq: int, off: int) -> tuple[Record | None, str, 
     return Record(off, rtype, group, data[off + RECORD_HEADER_SIZE : pend]), "", group
 
 
-def _valid_record_after(data: bytes, seq: int, start: int) -> int | None:
-    """Offset of the first valid record at or after ``start``, if any."""
+def _valid_record_after(data: bytes, seq: int, start: int, end: int) -> int | None:
+    """Offset of the first valid record starting in ``start..end``, if any."""
     pos = start
     while True:
-        pos = data.find(_RECORD_START, pos)
+        pos = data.find(_RECORD_START, pos, end)
         if pos < 0:
             return None
         rec, _, _ = _check_record(data, seq, pos)
@@ -457,42 +576,62 @@ def _valid_record_after(data: bytes, seq: int, start: int) -> int | None:
         pos += 1
 
 
+def _check_header(data: bytes, seq: int) -> str:
+    """Why the segment header of ``data`` is not valid for segment ``seq`` ("" if it is)."""
+    if len(data) < SEGMENT_HEADER_SIZE:
+        return "segment header incomplete"
+    magic, version, hseq, hcrc = SEGMENT_HEADER.unpack_from(data, 0)
+    if magic != SEGMENT_MAGIC or crc32c.crc32c(data[:16]) != hcrc:
+        return "bad segment header (magic or CRC)"
+    if version != FORMAT_VERSION:
+        return f"unsupported segment format version {version}"
+    if hseq != seq:
+        return f"segment header says sequence {hseq}"
+    return ""
+
+
 def scan_segment(seq: int, path: Path, *, last: bool) -> SegmentScan:
-    """Read every record of one segment; classify the first bad spot, if any.
+    """Read every record of one segment; find where they end; classify the first bad spot.
 
     Read-only. ``last`` says whether this is the newest segment (only there can a
-    bad spot be a torn tail).
+    bad spot be a torn tail). Zeros from the end of the records to the end of the
+    file are the preallocated, unused room: the clean end of the log.
     """
     data = path.read_bytes()
     scan = SegmentScan(seq, path, len(data))
-    if len(data) < SEGMENT_HEADER_SIZE:
-        if last:
-            scan.header_torn = True
-            scan.damage = Damage(str(path), 0, None, "segment header incomplete", True)
-        else:
-            scan.damage = Damage(str(path), 0, None, "segment header incomplete", False)
-        return scan
-    magic, version, hseq, hcrc = SEGMENT_HEADER.unpack_from(data, 0)
-    if magic != SEGMENT_MAGIC or crc32c.crc32c(data[:16]) != hcrc:
-        scan.damage = Damage(str(path), 0, None, "bad segment header (magic or CRC)", False)
-        return scan
-    if version != FORMAT_VERSION:
-        scan.damage = Damage(str(path), 0, None, f"unsupported segment format version {version}", False)
-        return scan
-    if hseq != seq:
-        scan.damage = Damage(str(path), 0, None, f"segment header says sequence {hseq}", False)
+    why = _check_header(data, seq)
+    if why:
+        # Shorter than its header: a segment whose creation a crash interrupted (only
+        # possible without preallocation: a prepared segment gets its name only once
+        # its header and zeros are durable). A full-size file with a bad header, even
+        # all zeros, is damage: it may have held acknowledged records.
+        scan.header_torn = last and len(data) < SEGMENT_HEADER_SIZE
+        scan.damage = Damage(str(path), 0, None, why, scan.header_torn)
+        scan.data_end = nonzero_end(data, 0)
         return scan
     off = SEGMENT_HEADER_SIZE
     end = len(data)
+    data_end = off
     while off < end:
         rec, reason, group = _check_record(data, seq, off)
         if rec is None:
-            torn = last and _valid_record_after(data, seq, off + 1) is None
+            data_end = nonzero_end(data, off)
+            if data_end == off:
+                break  # only zeros follow: the end of the log
+            torn = last and _valid_record_after(data, seq, off + 1, data_end) is None
+            if not torn and data.startswith(_ZEROS[:RECORD_HEADER_SIZE], off):
+                reason = (
+                    f"zeros where a record header should be, but non-zero data follows "
+                    f"(up to offset {data_end}), so this is not the end of the log (a "
+                    f"zeroed sector, or damage in the unused tail)"
+                )
             scan.damage = Damage(str(path), off, group, reason, torn)
             break
         scan.records.append(rec)
         off += RECORD_HEADER_SIZE + len(rec.payload)
+        data_end = off
     scan.valid_end = off
+    scan.data_end = data_end
     return scan
 
 

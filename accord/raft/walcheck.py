@@ -1,9 +1,12 @@
 """``accord wal check DIR``: report the state and any damage of a write-ahead log, read-only.
 
 It scans every segment with the same code recovery uses and prints, per segment,
-its records and groups and the first bad spot; then, if nothing is corrupt, what
-recovery would rebuild per group. It never writes: a torn tail is reported (with
-what recovery would truncate), not repaired.
+its records and groups, where its records end inside the preallocated file (the
+zero-filled rest is unused room, the clean end of the log) and the first bad spot;
+then, if nothing is corrupt, what recovery would rebuild per group. It never
+writes: a torn tail is reported (with what recovery would zero), not repaired, and
+a leftover ``.prep`` file (a segment being prepared when the node stopped) is
+listed as what it is: not part of the log, removed by the next start.
 
 With ``--snapshots SNAPDIR`` it also verifies the CRC of every snapshot file.
 
@@ -24,6 +27,7 @@ from .storage_codec import (
     GroupReplay,
     WALCorruptError,
     finish_replay,
+    list_prepared,
     list_segments,
     replay_checked,
     scan_segment,
@@ -34,6 +38,12 @@ def _ranges(nums: list[int]) -> str:
     if len(nums) > 8:
         return f"{len(nums)} groups ({nums[0]}..{nums[-1]})"
     return ",".join(str(n) for n in nums) or "-"
+
+
+def _room(size: int, end: int) -> str:
+    if size > end:
+        return f" of {size} (the rest is preallocated zeros)"
+    return ""
 
 
 def check(directory: Path, out: TextIO) -> int:
@@ -62,20 +72,29 @@ def check(directory: Path, out: TextIO) -> int:
                 replay_error = exc
         dmg = s.damage
         if dmg is None:
-            print(f"{line}: ok", file=out)
+            print(f"{line}: ok, records end at offset {s.valid_end}{_room(s.size, s.valid_end)}",
+                  file=out)
             continue
         who = f" (group {dmg.group})" if dmg.group is not None else ""
         if dmg.torn_tail:
-            n = s.size if s.header_torn else s.size - s.valid_end
+            if s.header_torn:
+                n = s.size
+                what = "recovery will truncate it: the half-created file is removed"
+            else:
+                n = s.data_end - s.valid_end
+                what = (
+                    f"recovery will truncate {n} byte(s) (zeroes offsets {s.valid_end}.."
+                    f"{s.data_end}: a crash's unacknowledged write)"
+                )
             torn_bytes += n
-            print(
-                f"{line}: torn tail at offset {dmg.offset}{who}: {dmg.reason}; "
-                f"recovery will truncate {n} byte(s) (a crash's unacknowledged write)",
-                file=out,
-            )
+            print(f"{line}: torn tail at offset {dmg.offset}{who}: {dmg.reason}; {what}",
+                  file=out)
         else:
             damaged = True
             print(f"{line}: DAMAGED at offset {dmg.offset}{who}: {dmg.reason}", file=out)
+    for p in list_prepared(directory):
+        print(f"  {p.name}: {p.stat().st_size} bytes, a segment prepared ahead of use and never "
+              f"used (not part of the log; the next start removes it)", file=out)
     if damaged:
         print("result: DAMAGED: the node will refuse to start from this log", file=out)
         return 1

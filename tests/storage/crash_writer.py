@@ -4,7 +4,8 @@ Run as ``python -m tests.storage.crash_writer zygote`` from the repository root:
 the process imports everything once, then serves commands on stdin so that each
 crash round costs a fork rather than a Python start-up:
 
-* ``run WALDIR ACKFILE SEED CONF_BASE`` forks a writer child and answers ``pid N``.
+* ``run WALDIR ACKFILE SEED CONF_BASE [SEGMENT_BYTES]`` forks a writer child and
+  answers ``pid N`` (segments of ``SEGMENT_BYTES``, 4096 unless given).
   The child opens the WAL (recovering it), then four asyncio tasks submit batches
   from ``Workload(SEED, recovered, conf_base=CONF_BASE)`` in a fixed order and,
   after each batch is durable, append its number to ACKFILE (one ``os.write`` per
@@ -32,11 +33,13 @@ SEGMENT_BYTES = 4096
 MAX_BATCHES_PER_TASK = 400
 
 
-def write_acks(waldir: str, ackfile: str, seed: int, conf_base: int) -> None:
+def write_acks(
+    waldir: str, ackfile: str, seed: int, conf_base: int, segment_bytes: int = SEGMENT_BYTES
+) -> None:
     fd = os.open(ackfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     async def main() -> None:
-        wal, rec = WriteAheadLog.open(waldir, segment_bytes=SEGMENT_BYTES, sync=True)
+        wal, rec = WriteAheadLog.open(waldir, segment_bytes=segment_bytes, sync=True)
         os.write(fd, b"open\n")
         gen = Workload(seed, rec, conf_base=conf_base)
         numbers = itertools.count()
@@ -66,7 +69,8 @@ def zygote() -> None:
             if pid == 0:
                 code = 0
                 try:
-                    write_acks(cmd[1], cmd[2], int(cmd[3]), int(cmd[4]))
+                    seg = int(cmd[5]) if len(cmd) > 5 else SEGMENT_BYTES
+                    write_acks(cmd[1], cmd[2], int(cmd[3]), int(cmd[4]), seg)
                 except BaseException:
                     code = 1
                 os._exit(code)

@@ -48,8 +48,11 @@ class Zygote:
         assert answer, f"crash_writer zygote died (exit {self.proc.poll()})"
         return answer
 
-    def run(self, waldir: Path, ackfile: Path, seed: int, conf_base: int) -> int:
-        pid = int(self.ask(f"run {waldir} {ackfile} {seed} {conf_base}")[1])
+    def run(
+        self, waldir: Path, ackfile: Path, seed: int, conf_base: int,
+        segment_bytes: int = SEGMENT_BYTES,
+    ) -> int:
+        pid = int(self.ask(f"run {waldir} {ackfile} {seed} {conf_base} {segment_bytes}")[1])
         self.child = pid
         return pid
 
@@ -80,8 +83,8 @@ def zygote() -> Iterator[Zygote]:
         z.stop()
 
 
-def _recover(waldir: Path) -> dict[int, PersistentState]:
-    wal, rec = WriteAheadLog.open(waldir, segment_bytes=SEGMENT_BYTES, sync=False)
+def _recover(waldir: Path, segment_bytes: int = SEGMENT_BYTES) -> dict[int, PersistentState]:
+    wal, rec = WriteAheadLog.open(waldir, segment_bytes=segment_bytes, sync=False)
     wal.close()
     return rec
 
@@ -89,22 +92,35 @@ def _recover(waldir: Path) -> dict[int, PersistentState]:
 def test_sigkill_at_random_points_loses_no_acknowledged_batch(
     tmp_path: Path, zygote: Zygote
 ) -> None:
-    rng = random.Random(20240601)
+    _kill_rounds(tmp_path, zygote, random.Random(20240601), DIRS, ROUNDS_PER_DIR, SEGMENT_BYTES)
+
+
+def test_sigkill_while_writing_into_a_large_preallocated_segment(
+    tmp_path: Path, zygote: Zygote
+) -> None:
+    """Segments of 64 KiB: most kills land mid-segment, over preallocated zeros, or
+    while the helper thread zero-fills the next segment (a half-prepared file)."""
+    _kill_rounds(tmp_path, zygote, random.Random(7031), 2, 20, 1 << 16)
+
+
+def _kill_rounds(
+    tmp_path: Path, zygote: Zygote, rng: random.Random, dirs: int, rounds: int, segment_bytes: int
+) -> None:
     kills = 0
     acked_total = 0
-    for d in range(DIRS):
+    for d in range(dirs):
         waldir = tmp_path / f"wal{d}"
         ackfile = tmp_path / f"acks{d}"
         state: dict[int, PersistentState] = {}
-        for rnd in range(ROUNDS_PER_DIR):
+        for rnd in range(rounds):
             seed = rng.getrandbits(32)
             conf_base = (rnd + 1) * 1_000_000
             ackfile.unlink(missing_ok=True)
-            zygote.run(waldir, ackfile, seed, conf_base)
+            zygote.run(waldir, ackfile, seed, conf_base, segment_bytes)
             time.sleep(rng.choice([0.0, 0.005, 0.02, 0.05, 0.1]) * rng.random())
             zygote.kill_child()
             kills += 1
-            rec = _recover(waldir)
+            rec = _recover(waldir, segment_bytes)
             lines = ackfile.read_text().split() if ackfile.exists() else []
             if "open" not in lines:
                 assert rec == state, f"dir {d} round {rnd}: state changed before the writer opened"
@@ -124,5 +140,5 @@ def test_sigkill_at_random_points_loses_no_acknowledged_batch(
                 f"(batch {a}) plus a prefix of the in-flight ones"
             )
             state = rec
-    assert kills == DIRS * ROUNDS_PER_DIR
+    assert kills == dirs * rounds
     assert acked_total > 0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from accord.raft.storage_codec import RECORD_HEADER_SIZE, scan_segment
+from accord.raft.storage_codec import RECORD_HEADER_SIZE, SEGMENT_HEADER_SIZE, scan_segment
 from accord.raft.types import Entry, HardState
 from accord.raft.wal import WALCorruptError, WriteAheadLog, WriteBatch
 from accord.raft.walcheck import check, main
@@ -46,31 +46,43 @@ def _build(
 
 
 def test_torn_tail_truncated_at_every_byte_offset(tmp_path: Path) -> None:
+    """A crash's torn write, cut at every byte of the last records of a preallocated
+    file whose tail is still zeros (and, at every 5th byte and around every record
+    boundary, as a file that simply ends there, as logs without preallocation did):
+    recovery keeps exactly the complete records and wipes the rest in place."""
     src = tmp_path / "src"
     # One big segment so the tail batches all live in the last segment.
-    before, tail = _build(src, seed=7, nbatches=40, tail=3, seg=1 << 20)
+    before, tail = _build(src, seed=7, nbatches=40, tail=3, seg=1 << 14)
     (seg,) = _segments(src)
-    data = seg.read_bytes()
+    full = seg.read_bytes()
     candidates = prefix_models(before, tail)
     ntail = len(candidates) - 1
     scan = scan_segment(1, seg, last=True)
     ends = [r.offset + RECORD_HEADER_SIZE + len(r.payload) for r in scan.records]
     assert scan.damage is None and len(ends) >= ntail
+    data = full[: scan.valid_end]
+    assert scan.valid_end == ends[-1] and len(full) == 1 << 14 and not full[len(data):].strip(b"\0")
     tail_start = ends[-ntail - 1]
     work = tmp_path / "work"
+    work.mkdir()
     checked = 0
     for cut in range(tail_start, len(data) + 1):
-        if work.exists():
-            shutil.rmtree(work)
-        work.mkdir()
-        (work / seg.name).write_bytes(data[:cut])
         complete = sum(1 for e in ends[-ntail:] if e <= cut)
-        wal, rec = WriteAheadLog.open(work, sync=False)
-        wal.close()
-        assert rec == candidates[complete].expected(), f"cut at byte {cut}"
-        assert (work / seg.name).stat().st_size == (ends[-ntail:][complete - 1] if complete else tail_start)
-        checked += 1
-    assert checked == len(data) - tail_start + 1 > 200
+        end = ends[-ntail:][complete - 1] if complete else tail_start
+        images = [data[:cut] + bytes(len(full) - cut)]
+        if cut % 5 == 0 or any(abs(cut - e) <= 1 for e in ends[-ntail - 1 :]):
+            images.append(data[:cut])
+        for image in images:
+            (work / seg.name).write_bytes(image)
+            wal, rec = WriteAheadLog.open(work, sync=False)
+            wal.close()
+            assert rec == candidates[complete].expected(), f"cut at byte {cut}"
+            after = (work / seg.name).read_bytes()
+            assert len(after) == len(image), "the torn bytes are zeroed, the file keeps its room"
+            assert after[:end] == data[:end], f"cut at byte {cut}"
+            assert after[end:] == bytes(len(after) - end), f"cut at byte {cut}"
+            checked += 1
+    assert checked > 1.2 * (len(data) - tail_start + 1) > 240
 
 
 def test_torn_new_segment_header_and_state_records(tmp_path: Path) -> None:
@@ -84,12 +96,17 @@ def test_torn_new_segment_header_and_state_records(tmp_path: Path) -> None:
         )
     wal.close()
     old, new = _segments(src)
-    data = new.read_bytes()
-    for cut in range(0, len(data)):
-        work = tmp_path / f"w{cut}"
+    room = new.read_bytes()
+    data = room[: scan_segment(int(new.stem, 16), new, last=True).valid_end]
+    # Cut short, and (what a preallocated segment leaves) cut with its zero tail intact;
+    # a prepared segment is named only once its header is durable.
+    images = [data[:cut] for cut in range(len(data))]
+    images += [data[:cut] + bytes(len(room) - cut) for cut in range(SEGMENT_HEADER_SIZE, len(data))]
+    for n, image in enumerate(images):
+        work = tmp_path / f"w{n}"
         work.mkdir()
         shutil.copy(old, work / old.name)
-        (work / new.name).write_bytes(data[:cut])
+        (work / new.name).write_bytes(image)
         wal, rec = WriteAheadLog.open(work, sync=False)
         wal.close()
         # The batch that triggered the rotation is lost (it was never acknowledged);
@@ -171,11 +188,13 @@ def test_wal_check_reports_clean_and_torn_logs(tmp_path: Path, capsys: pytest.Ca
     assert "result: clean" in out and "group 1" in out
     seg = _segments(tmp_path)[-1]
     data = seg.read_bytes()
-    seg.write_bytes(data[:-3])
+    end = scan_segment(int(seg.stem, 16), seg, last=True).valid_end
+    torn = data[: end - 3] + bytes(len(data) - end + 3)  # the last record's end never reached the disk
+    seg.write_bytes(torn)
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "torn tail" in out and "will truncate" in out
-    assert seg.read_bytes() == data[:-3], "wal check must not repair"
+    assert seg.read_bytes() == torn, "wal check must not repair"
     assert main([str(tmp_path / "nope")]) == 2
 
 
