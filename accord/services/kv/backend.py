@@ -29,7 +29,8 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from itertools import repeat
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from accord.proto import rpc_pb2
 from accord.services.kv import errors, fanout, sharding
@@ -45,9 +46,9 @@ ETCD_COMPAT_VERSION = "3.5.13"
 watch progress requests (its feature check refuses 3.5.0 to 3.5.12)."""
 
 
-@dataclass(frozen=True, slots=True)
-class HeaderInfo:
-    """Identity and Raft facts that go into every response header."""
+class HeaderInfo(NamedTuple):
+    """Identity and Raft facts that go into every response header (a named tuple: built
+    for every response, and four times cheaper to build than a frozen dataclass)."""
 
     cluster_id: int
     member_id: int
@@ -329,7 +330,7 @@ class StateMachineBackend(ABC):
             sm = self.machines[shards[0]]
             if not req.serializable:
                 await self.read_barrier(shards[0])
-            return sm.range(req)
+            return sm.range(req, validated=True)
         if req.serializable:
             # Local and possibly stale, as etcd's serializable reads: each shard as of the
             # requested revision or its own latest, whichever is lower.
@@ -356,9 +357,8 @@ class StateMachineBackend(ABC):
     async def put(self, req: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
         """Validate, encode and commit a Put on its key's shard."""
         self._check_space()
-        self.sm.validate_put(req)
-        result: rpc_pb2.PutResponse = await self.commit(
-            self.sm.encode_put(req), self.shard_of(req.key))
+        command = self.sm.validate_and_encode_put(req)
+        result: rpc_pb2.PutResponse = await self.commit(command, self.shard_of(req.key))
         return result
 
     async def delete_range(self, req: rpc_pb2.DeleteRangeRequest) -> rpc_pb2.DeleteRangeResponse:
@@ -376,6 +376,9 @@ class StateMachineBackend(ABC):
         """Validate, then serve a read-only Txn as a read, or encode and commit it.
 
         A Txn whose keys lie on several shards is refused (it could not be atomic)."""
+        items = self.sm.plain_puts(req)
+        if items is not None:
+            return await self._txn_puts(req, items)
         self.sm.validate_txn(req)
         shard = 0
         if self.shards > 1:
@@ -392,6 +395,19 @@ class StateMachineBackend(ABC):
         if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
             self._check_space()
         result: rpc_pb2.TxnResponse = await self.commit(self.sm.encode_txn(req), shard)
+        return result
+
+    async def _txn_puts(self, req: rpc_pb2.TxnRequest, items: list[Any]) -> rpc_pb2.TxnResponse:
+        """:meth:`txn` of a Txn of plain puts (a batch): the same checks in the same order,
+        each key read from the message once, and the compact command."""
+        size = req.ByteSize()
+        self.sm.validate_puts(items, size)
+        shard = 0
+        if self.shards > 1:
+            shard = _shard_of_keys(items[0::3], self.shards)
+        self._check_space()
+        result: rpc_pb2.TxnResponse = await self.commit(
+            self.sm.encode_puts(items, size), shard)
         return result
 
     async def compact(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
@@ -550,3 +566,28 @@ def _txn_puts(req: rpc_pb2.TxnRequest) -> bool:
         if kind == "request_txn" and _txn_puts(op.request_txn):
             return True
     return False
+
+
+def _shard_of_keys(keys: list[bytes], shards: int) -> int:
+    """The one shard holding all of ``keys`` (a batch's), else the error naming the shards.
+
+    The common batch shares one closed prefix (``/a/b/``: one partition), which C-level
+    ``startswith`` confirms without computing every key's partition."""
+    first = keys[0]
+    c = sharding.closed_prefix(first)
+    if (
+        c is not None
+        and c != sharding.LOCK_GRANT_PREFIX
+        and sum(map(bytes.startswith, keys, repeat(c))) == len(keys)
+    ):
+        return sharding.shard_of(first, shards)
+    touched: dict[int, bytes] = {}
+    seen: set[bytes] = set()
+    for key in keys:
+        part = sharding.partition_key(key)
+        if part not in seen:
+            seen.add(part)
+            touched.setdefault(sharding.shard_of(key, shards), key)
+    if len(touched) > 1:
+        raise sharding.txn_spans_shards(touched)
+    return next(iter(touched))

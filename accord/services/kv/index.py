@@ -7,7 +7,7 @@ plus a bisect over the chunks' first keys, and a range scan is a bisect then a w
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 
 CHUNK = 512
@@ -55,8 +55,9 @@ class SortedKeys:
         i = bisect_left(chunk, key)
         if i < len(chunk) and chunk[i] == key:
             return
-        insort(chunk, key)
-        self._firsts[ci] = chunk[0]
+        chunk.insert(i, key)
+        if i == 0:
+            self._firsts[ci] = key
         self._len += 1
         if len(chunk) > self._chunk:
             half = len(chunk) // 2

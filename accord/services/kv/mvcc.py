@@ -293,11 +293,22 @@ class MVCCStore:
             self._log_revs.append(rev)
             self._log_keys.append(key)
 
+    def _log_append_many(self, rev: int, keys: list[bytes], repeats: bool = True) -> None:
+        """Record that ``keys`` changed at ``rev`` (a key once, in first-change order;
+        ``repeats=False``: the caller knows no key is there twice)."""
+        if self._log_revs and self._log_revs[-1] == rev:
+            for key in keys:
+                self._log_append(rev, key)
+            return
+        unique = tuple(dict.fromkeys(keys)) if repeats else tuple(keys)
+        self._log_revs.append(rev)
+        self._log_keys.append(unique[0] if len(unique) == 1 else unique)
+
 
 class WriteTxn:
     """The changes of one revision, applied in place and undoable until committed."""
 
-    __slots__ = ("changes", "events", "replaced", "rev", "store")
+    __slots__ = ("changes", "events", "repeats", "replaced", "rev", "store")
 
     def __init__(self, store: MVCCStore, rev: int) -> None:
         self.store = store
@@ -311,6 +322,8 @@ class WriteTxn:
         version before this revision, none for a creation."""
         self.replaced: list[Rec | None] = []
         """The live version each change replaced (inside this transaction)."""
+        self.repeats = False
+        """Whether some key changed twice (then :attr:`changes` holds it twice)."""
 
     @property
     def read_rev(self) -> int:
@@ -318,19 +331,45 @@ class WriteTxn:
         return self.rev if self.changes else self.store.rev
 
     def put(self, key: bytes, value: bytes, lease: int) -> Rec | None:
-        """Write ``key``; returns the previous live version (None if new)."""
-        h = self.store.hist.get(key)
-        prev: Rec | None = None
-        if h is not None:
-            last = h[-1] if isinstance(h, list) else h
-            if last[VALUE] is not None:
-                prev = last
+        """Write ``key``; returns the previous live version (None if new).
+
+        The hot path of every write: one dictionary lookup, one tuple, three appends.
+        """
+        store = self.store
+        hist = store.hist
+        rev = self.rev
+        h = hist.get(key)
         sub = len(self.changes)
-        if prev is None:
-            self._add(key, (self.rev, sub, self.rev, 1, value, lease), None)
+        rec: Rec
+        prev: Rec | None
+        before: Rec | None
+        if h is None:
+            rec = (rev, sub, rev, 1, value, lease)
+            hist[key] = rec
+            store.keys.add(key)
+            prev = before = None
         else:
-            rec = (self.rev, sub, prev[CREATE], prev[VERSION] + 1, value, lease)
-            self._add(key, rec, prev)
+            last = h[-1] if isinstance(h, list) else h
+            if last[MOD] == rev:
+                self.repeats = True
+            if last[VALUE] is None:  # deleted before (maybe in this transaction): a creation
+                prev = before = None
+                rec = (rev, sub, rev, 1, value, lease)
+            else:
+                prev = last
+                rec = (rev, sub, last[CREATE], last[VERSION] + 1, value, lease)
+                if last[MOD] == rev:  # changed earlier in this transaction
+                    found = _at(h, store.rev)
+                    before = found if found is not None and found[VALUE] is not None else None
+                else:  # ``last`` is the version as of ``store.rev``
+                    before = last
+            if isinstance(h, list):
+                h.append(rec)
+            else:
+                hist[key] = [h, rec]
+        self.replaced.append(prev)
+        self.changes.append(key)
+        self.events.append((key, rec, before))
         return prev
 
     def _add(self, key: bytes, rec: Rec, prev: Rec | None) -> None:
@@ -338,6 +377,8 @@ class WriteTxn:
         hist = store.hist
         h = hist.get(key)
         self.replaced.append(prev)
+        if h is not None and (h[-1] if isinstance(h, list) else h)[MOD] == self.rev:
+            self.repeats = True
         if rec[CREATE] == self.rev:
             before = None
         elif h is None:
@@ -377,13 +418,17 @@ class WriteTxn:
         self.changes.clear()
         self.events.clear()
         self.replaced.clear()
+        self.repeats = False
 
     def commit(self) -> list[tuple[bytes, Rec, Rec | None]]:
         """Make the changes current; returns :attr:`events`."""
-        if not self.changes:
+        changes = self.changes
+        if not changes:
             return []
         store = self.store
-        for key in self.changes:
-            store._log_append(self.rev, key)
+        if len(changes) == 1:
+            store._log_append(self.rev, changes[0])
+        else:
+            store._log_append_many(self.rev, changes, self.repeats)
         store.rev = self.rev
         return self.events

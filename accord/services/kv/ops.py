@@ -45,7 +45,11 @@ class Executor:
 
     # --- Range ------------------------------------------------------------------------
     def range(self, req: rpc_pb2.RangeRequest, view_rev: int) -> rpc_pb2.RangeResponse:
-        """etcd's Range as seen from ``view_rev`` (the current revision, or a write txn's)."""
+        """etcd's Range as seen from ``view_rev`` (the current revision, or a write txn's).
+
+        Every field is read from the message once (each read of a protobuf field costs
+        as much as a dictionary lookup and an allocation), and a single key is a lookup,
+        not a scan."""
         store = self.store
         rev = req.revision
         if rev > view_rev:
@@ -54,46 +58,56 @@ class Executor:
             rev = view_rev
         if rev < store.compact_rev:
             raise errors.COMPACTED
-        fetch_all = bool(
-            req.sort_order != RR.NONE
-            or req.min_mod_revision
-            or req.max_mod_revision
-            or req.min_create_revision
-            or req.max_create_revision
-        )
-        want = 0 if fetch_all or req.limit <= 0 else req.limit + 1
-        count = 0
-        found: list[tuple[bytes, Rec]] = []
-        for item in store.scan(KeyRange.of(req.key, req.range_end), rev):
-            count += 1
-            if not req.count_only and (want == 0 or len(found) < want):
-                found.append(item)
-        if req.max_mod_revision:
-            found = [kr for kr in found if kr[1][MOD] <= req.max_mod_revision]
-        if req.min_mod_revision:
-            found = [kr for kr in found if kr[1][MOD] >= req.min_mod_revision]
-        if req.max_create_revision:
-            found = [kr for kr in found if kr[1][CREATE] <= req.max_create_revision]
-        if req.min_create_revision:
-            found = [kr for kr in found if kr[1][CREATE] >= req.min_create_revision]
-        order = req.sort_order
-        if req.sort_target != RR.KEY and order == RR.NONE:
+        key, end = req.key, req.range_end
+        order, target, limit = req.sort_order, req.sort_target, req.limit
+        max_mod, min_mod = req.max_mod_revision, req.min_mod_revision
+        max_create, min_create = req.max_create_revision, req.min_create_revision
+        count_only, keys_only = req.count_only, req.keys_only
+        found: list[tuple[bytes, Rec]]
+        if not end:
+            rec = store.get(key, rev)
+            count = 0 if rec is None else 1
+            found = [] if rec is None or count_only else [(key, rec)]
+        else:
+            fetch_all = bool(order != RR.NONE or min_mod or max_mod or min_create or max_create)
+            want = 0 if fetch_all or limit <= 0 else limit + 1
+            count = 0
+            found = []
+            for item in store.scan(KeyRange.of(key, end), rev):
+                count += 1
+                if not count_only and (want == 0 or len(found) < want):
+                    found.append(item)
+        if found and (max_mod or min_mod or max_create or min_create):
+            if max_mod:
+                found = [kr for kr in found if kr[1][MOD] <= max_mod]
+            if min_mod:
+                found = [kr for kr in found if kr[1][MOD] >= min_mod]
+            if max_create:
+                found = [kr for kr in found if kr[1][CREATE] <= max_create]
+            if min_create:
+                found = [kr for kr in found if kr[1][CREATE] >= min_create]
+        if target != RR.KEY and order == RR.NONE:
             order = RR.ASCEND
-        if order in (RR.ASCEND, RR.DESCEND) and not (
-            req.sort_target == RR.KEY and order == RR.ASCEND
+        if len(found) > 1 and order in (RR.ASCEND, RR.DESCEND) and not (
+            target == RR.KEY and order == RR.ASCEND
         ):
-            found.sort(key=_SORT_KEYS[req.sort_target], reverse=order == RR.DESCEND)
+            found.sort(key=_SORT_KEYS[target], reverse=order == RR.DESCEND)
         resp = rpc_pb2.RangeResponse(count=count)
-        if req.limit > 0 and len(found) > req.limit:
-            del found[req.limit :]
+        if limit > 0 and len(found) > limit:
+            del found[limit:]
             resp.more = True
-        size = 0
-        cap = self.limits.max_range_result_bytes
-        for key, rec in found:
-            size += len(key) + _KV_OVERHEAD + (0 if req.keys_only else len(rec[VALUE] or b""))
-            if size > cap:
-                raise errors.range_too_large(size, cap)
-        resp.kvs.extend([kv_pb(key, rec, req.keys_only) for key, rec in found])
+        if found:
+            size = 0
+            cap = self.limits.max_range_result_bytes
+            for k, rec in found:
+                size += len(k) + _KV_OVERHEAD + (0 if keys_only else len(rec[VALUE] or b""))
+                if size > cap:
+                    raise errors.range_too_large(size, cap)
+            add = resp.kvs.add
+            for k, rec in found:
+                add(key=k, create_revision=rec[CREATE], mod_revision=rec[MOD],
+                    version=rec[VERSION], value=b"" if keys_only else (rec[VALUE] or b""),
+                    lease=rec[LEASE])
         resp.header.revision = view_rev
         return resp
 
@@ -101,12 +115,15 @@ class Executor:
     def check_put_state(self, req: rpc_pb2.PutRequest, in_txn: bool) -> None:
         """Lease exists; key exists when ignore_value/ignore_lease (etcd's order differs
         between a plain Put and a Put inside a Txn, and so does ours)."""
-        lease_missing = req.lease != 0 and req.lease not in self.leases.leases
+        self.check_put_values(req.key, req.lease, req.ignore_value or req.ignore_lease, in_txn)
+
+    def check_put_values(self, key: bytes, lease: int, ignore: bool, in_txn: bool) -> None:
+        """:meth:`check_put_state` on a Put's fields (``ignore``: ignore_value or
+        ignore_lease is set)."""
+        lease_missing = lease != 0 and lease not in self.leases.leases
         if not in_txn and lease_missing:
             raise errors.LEASE_NOT_FOUND
-        if (req.ignore_value or req.ignore_lease) and self.store.get(
-            req.key, self.store.rev
-        ) is None:
+        if ignore and self.store.get(key, self.store.rev) is None:
             raise errors.KEY_NOT_FOUND
         if lease_missing:
             raise errors.LEASE_NOT_FOUND
@@ -144,20 +161,34 @@ class Executor:
     # --- writes ------------------------------------------------------------------------
     def put(self, wt: WriteTxn, req: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
         """Write one key in ``wt`` (state already checked)."""
-        value, lease = req.value, req.lease
-        if req.ignore_value or req.ignore_lease or req.prev_kv:
-            prev = self.store.get(req.key, wt.read_rev)
+        return self.put_values(
+            wt, req.key, req.value, req.lease, req.prev_kv, req.ignore_value, req.ignore_lease
+        )
+
+    def put_values(
+        self,
+        wt: WriteTxn,
+        key: bytes,
+        value: bytes,
+        lease: int,
+        prev_kv: bool = False,
+        ignore_value: bool = False,
+        ignore_lease: bool = False,
+    ) -> rpc_pb2.PutResponse:
+        """:meth:`put` on a Put's fields."""
+        if ignore_value or ignore_lease or prev_kv:
+            prev = self.store.get(key, wt.read_rev)
             if prev is not None:
-                if req.ignore_value:
+                if ignore_value:
                     value = prev[VALUE] or b""
-                if req.ignore_lease:
+                if ignore_lease:
                     lease = prev[LEASE]
         else:
             prev = None
-        wt.put(req.key, value, lease)
+        wt.put(key, value, lease)
         resp = rpc_pb2.PutResponse()
-        if req.prev_kv and prev is not None:
-            resp.prev_kv.CopyFrom(kv_pb(req.key, prev))
+        if prev_kv and prev is not None:
+            resp.prev_kv.CopyFrom(kv_pb(key, prev))
         resp.header.revision = wt.rev
         return resp
 

@@ -43,8 +43,14 @@ async def or_abort(context: grpc.aio.ServicerContext, call: Awaitable[R]) -> R:
 
 
 async def answer(context: grpc.aio.ServicerContext, backend: Backend, call: Awaitable[R]) -> R:
-    """Await a backend call, stamp its header, or abort the RPC with the etcd error."""
-    resp = await or_abort(context, call)
+    """Await a backend call, stamp its header, or abort the RPC with the etcd error.
+
+    (:func:`or_abort` inlined: one coroutine less per request.)"""
+    try:
+        resp = await call
+    except EtcdError as e:
+        await context.abort(e.code, e.message)
+        raise  # unreachable: abort raises
     fill_header(resp.header, backend)  # type: ignore[attr-defined]
     return resp
 

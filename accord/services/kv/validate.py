@@ -8,6 +8,8 @@ servicer still changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from accord.proto import rpc_pb2
 from accord.services.kv import errors
 from accord.services.kv.limits import Limits
@@ -22,7 +24,8 @@ def _check_key(key: bytes, limits: Limits) -> None:
         raise errors.key_too_large(len(key), limits.max_key_bytes)
 
 
-def _check_size(size: int, limits: Limits) -> None:
+def check_size(size: int, limits: Limits) -> None:
+    """The request-size limit on a request's serialized ``size``."""
     if size > limits.max_request_bytes:
         raise errors.request_too_large(size, limits.max_request_bytes)
 
@@ -41,13 +44,20 @@ def range_fields(req: rpc_pb2.RangeRequest, limits: Limits) -> None:
 
 def put_fields(req: rpc_pb2.PutRequest, limits: Limits) -> None:
     """etcd's checkPutRequest plus accord's key and value limits."""
-    _check_key(req.key, limits)
-    if req.ignore_value and req.value:
+    put_values(req.key, req.value, req.lease, req.ignore_value, req.ignore_lease, limits)
+
+
+def put_values(
+    key: bytes, value: bytes, lease: int, ignore_value: bool, ignore_lease: bool, limits: Limits
+) -> None:
+    """:func:`put_fields` on a Put's fields."""
+    _check_key(key, limits)
+    if ignore_value and value:
         raise errors.VALUE_PROVIDED
-    if req.ignore_lease and req.lease:
+    if ignore_lease and lease:
         raise errors.LEASE_PROVIDED
-    if len(req.value) > limits.max_value_bytes:
-        raise errors.value_too_large(len(req.value), limits.max_value_bytes)
+    if len(value) > limits.max_value_bytes:
+        raise errors.value_too_large(len(value), limits.max_value_bytes)
 
 
 def delete_fields(req: rpc_pb2.DeleteRangeRequest, limits: Limits) -> None:
@@ -129,19 +139,19 @@ def check_intervals(
 def validate_range(req: rpc_pb2.RangeRequest, limits: Limits) -> None:
     """Every store-independent check of a Range."""
     range_fields(req, limits)
-    _check_size(req.ByteSize(), limits)
+    check_size(req.ByteSize(), limits)
 
 
 def validate_put(req: rpc_pb2.PutRequest, limits: Limits) -> None:
     """Every store-independent check of a Put."""
     put_fields(req, limits)
-    _check_size(req.ByteSize(), limits)
+    check_size(req.ByteSize(), limits)
 
 
 def validate_delete_range(req: rpc_pb2.DeleteRangeRequest, limits: Limits) -> None:
     """Every store-independent check of a DeleteRange."""
     delete_fields(req, limits)
-    _check_size(req.ByteSize(), limits)
+    check_size(req.ByteSize(), limits)
 
 
 def validate_txn(req: rpc_pb2.TxnRequest, limits: Limits) -> None:
@@ -149,4 +159,25 @@ def validate_txn(req: rpc_pb2.TxnRequest, limits: Limits) -> None:
     txn_fields(req, limits)
     check_intervals(list(req.success))
     check_intervals(list(req.failure))
-    _check_size(req.ByteSize(), limits)
+    check_size(req.ByteSize(), limits)
+
+
+def validate_puts(
+    keys: Sequence[bytes], values: Sequence[bytes], size: int, limits: Limits
+) -> None:
+    """:func:`validate_txn` of a Txn whose only ops are plain puts (no compare, no
+    failure branch, no ``prev_kv``/``ignore_*``), given as its keys and values and the
+    request's serialized ``size``: the same checks, the same error first, with the
+    per-key loops run by C built-ins."""
+    if len(keys) > limits.max_txn_ops:
+        raise errors.TOO_MANY_OPS
+    if keys and (
+        min(map(len, keys)) == 0
+        or max(map(len, keys)) > limits.max_key_bytes
+        or max(map(len, values)) > limits.max_value_bytes
+    ):
+        for key, value in zip(keys, values, strict=True):  # the first bad op, in order
+            put_values(key, value, 0, False, False, limits)
+    if len(set(keys)) != len(keys):
+        raise errors.DUPLICATE_KEY
+    check_size(size, limits)

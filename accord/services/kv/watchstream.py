@@ -45,6 +45,7 @@ from accord.proto import kv_pb2, rpc_pb2, rpc_pb2_grpc
 from accord.services.kv import errors
 from accord.services.kv.backend import Backend
 from accord.services.kv.errors import EtcdError
+from accord.services.kv.pbwire import varint
 from accord.services.kv.shardwatch import AnyWatcher
 from accord.services.kv.watchhub import WatchBatch
 
@@ -61,20 +62,8 @@ _TAG_FRAGMENT_TRUE = b"\x38\x01"
 _TAG_EVENT = b"\x5a"
 
 
-def _varint(n: int) -> bytes:
-    """Protobuf base-128 varint; negative int64 values take ten bytes, as on the wire."""
-    if n < 0:
-        n += 1 << 64
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _watch_id_field(wid: int) -> bytes:
-    return _TAG_WATCH_ID + _varint(wid) if wid else b""
+    return _TAG_WATCH_ID + varint(wid) if wid else b""
 
 
 class _EventBytes:
@@ -92,7 +81,7 @@ class _EventBytes:
         if hit is not None and hit[0] is ev:
             return hit[1]
         raw = ev.SerializeToString()
-        data = _TAG_EVENT + _varint(len(raw)) + raw
+        data = _TAG_EVENT + varint(len(raw)) + raw
         if len(self._cache) >= self._limit:
             self._cache.clear()
         self._cache[id(ev)] = (ev, data)
@@ -118,7 +107,7 @@ class _HeaderBytes:
                 cluster_id=info.cluster_id, member_id=info.member_id,
                 revision=revision, raft_term=info.raft_term,
             ).SerializeToString()
-            data = _TAG_HEADER + _varint(len(raw)) + raw
+            data = _TAG_HEADER + varint(len(raw)) + raw
             if len(self._cache) >= self._limit:
                 self._cache.clear()
             self._cache[key] = data
