@@ -56,11 +56,18 @@ def test_one_job_and_one_lock_queue_sit_on_one_shard() -> None:
     assert sharding.shards_of_range(b"/ckpt/", _prefix_end(b"/ckpt/"), n) == list(range(n))
     assert sharding.shards_of_range(b"a", b"b", n) == list(range(n))
     assert sharding.shards_of_range(b"\x00", b"\x00", n) == list(range(n))
+    # Lock grant records go with their lock's queue, so their prefix spans every shard.
+    grants = sharding.LOCK_GRANT_PREFIX
+    assert sharding.shards_of_range(grants, _prefix_end(grants), n) == list(range(n))
+    assert sharding.shards_of_range(grants + b"mylock/", _prefix_end(grants + b"mylock/"), n) == [
+        sharding.shard_of(b"mylock/x", n)
+    ]
 
 
-_keys = st.lists(st.sampled_from([b"", b"/", b"a", b"b", b"ab", b"\xff"]), max_size=5).map(
-    b"".join
-)
+_keys = st.lists(
+    st.sampled_from([b"", b"/", b"a", b"b", b"ab", b"\xff", sharding.LOCK_GRANT_PREFIX]),
+    max_size=5,
+).map(b"".join)
 
 
 @given(start=_keys, end=_keys, keys=st.lists(_keys, max_size=20), n=st.integers(1, 9))

@@ -67,6 +67,11 @@ def _prefix_end(prefix: bytes) -> bytes:
 def closed_prefix(key: bytes) -> bytes | None:
     """The longest prefix ``C`` such that every key starting with ``C`` shares ``key``'s
     partition, when ``key`` lies under one (``/a/b/x`` -> ``/a/b/``; ``name/x`` -> ``name/``)."""
+    if key.startswith(LOCK_GRANT_PREFIX):
+        # Grant records go with their lock's queue: ``\x00accord-lock/name/...`` shares
+        # the partition of ``name/``; the bare prefix spans every lock (so every shard).
+        inner = closed_prefix(key[len(LOCK_GRANT_PREFIX):])
+        return None if inner is None else LOCK_GRANT_PREFIX + inner
     if b"/" not in key:
         return None  # a plain key: only itself
     p = partition_key(key)
