@@ -11,7 +11,14 @@ The shape is TiKV's batch system: a poll loop takes every group that has work
    volatile in Raft, so a turn that only learns of commits costs no fsync);
 3. then the messages that promise durable state (votes, append acks);
 4. committed entries are queued for the apply task, which runs apart from the
-   poll loop, so a slow state machine delays answers, never heartbeats.
+   poll loop, so a slow state machine delays answers, never heartbeats; only a
+   turn that writes nothing applies a short queue itself (``_dispatch_applies``),
+   and then sends its messages one loop iteration later, after the answers.
+
+Latency: a message read from a peer is stepped inside the transport's read callback,
+and when the poll loop is idle the turn runs right there (``_turn_now``) instead of
+one loop iteration later in the poll task; a turn that must write hands its write
+to the poll task, which starts no other turn until it is done.
 
 Modules: this one drives the groups (poll loop, proposals, inbound messages,
 membership); ``hostapply.py`` holds the read and apply side (ReadIndex waiters, the
@@ -148,6 +155,12 @@ class MultiRaftHost(ReadsAndApply):
         self._snapshot_loads: set[asyncio.Task[None]] = set()
         self._flush_forwarded = False
         """Tasks reading a received snapshot file before its SNAP is stepped."""
+        self._turning = False
+        """A turn is under way (its log write in flight): no other may start."""
+        self._held_write: tuple[WriteBatch, list[tuple[Group, Ready]]] | None = None
+        """A turn ``_turn_now`` started whose write the poll task must finish."""
+        self._halted = False
+        """``stop`` was called."""
         self._pending_compactions: list[tuple[int, SnapshotMeta]] = []
         self._pending_confs: list[tuple[int, int, ConfState]] = []
         self._fatal: BaseException | None = None
@@ -163,6 +176,7 @@ class MultiRaftHost(ReadsAndApply):
         self._quiesce = self.config.quiesce and not self.config.lease_read
         self.turns = 0
         """Poll-loop rounds that wrote to the log (for metrics and tests)."""
+        self.answered = 0
         self.fast_elections = 0
         """Groups whose election timer a lost leader link fast-forwarded (metrics, tests)."""
         transport.add_peer_lost_listener(self.peer_lost)
@@ -288,6 +302,7 @@ class MultiRaftHost(ReadsAndApply):
 
     async def stop(self) -> None:
         """Cancel and await every task; fail every waiter."""
+        self._halted = True  # no turn from a transport callback from now on
         tasks = [*self._tasks, *self._snapshot_loads]
         for t in tasks:
             t.cancel()
@@ -528,7 +543,9 @@ class MultiRaftHost(ReadsAndApply):
                 task.add_done_callback(self._snapshot_loads.discard)
                 continue
             g.core.step(msg)
-            self._mark(g)
+            self._dirty.add(g)
+        if self._dirty:
+            self._turn_now()
 
     def _handle_forwarded(self, g: Group, msg: Message) -> None:
         if g.core.role != Role.LEADER:
@@ -624,7 +641,16 @@ class MultiRaftHost(ReadsAndApply):
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                await self._turn()
+                self._turning = True
+                try:
+                    held, self._held_write = self._held_write, None
+                    if held is not None:
+                        await self._finish_turn(*held)
+                    write = self._start_turn()
+                    if write is not None:
+                        await self._finish_turn(*write)
+                finally:
+                    self._turning = False
         except WALFatalError as e:
             self._die(e)
         except asyncio.CancelledError:
@@ -640,7 +666,32 @@ class MultiRaftHost(ReadsAndApply):
             self._fail_waiters(g, GroupUnavailable("request timed out"))
         self._stopped.set()
 
-    async def _turn(self) -> None:
+    def _turn_now(self) -> None:
+        """Run a turn from a transport callback if the poll loop is idle, else wake it.
+
+        A turn that needs no write (a heartbeat answered, a ReadIndex confirmed, a
+        commit learned) then completes in the loop iteration that read the message,
+        instead of one iteration later in the poll task; one that writes leaves its
+        write to the poll task (``_held_write``), which runs nothing else meanwhile.
+        """
+        if self._turning or self._halted or self._fatal is not None:
+            self._wake.set()
+            return
+        self._turning = True  # a transport that delivers synchronously must not re-enter
+        try:
+            write = self._start_turn()
+        except Exception as e:  # a bug, as in the poll loop: stop
+            log.exception("raft turn failed on node %d", self.node_id)
+            self._die(e)
+            return
+        if write is None:
+            self._turning = False
+        else:  # still turning until the poll task finished the write
+            self._held_write = write
+            self._wake.set()
+
+    def _start_turn(self) -> tuple[WriteBatch, list[tuple[Group, Ready]]] | None:
+        """A turn up to its log write: the batch and readies to finish, or None if done."""
         if self._flush_forwarded:
             self._flush_forwarded = False
             self._transport.flush()
@@ -654,17 +705,18 @@ class MultiRaftHost(ReadsAndApply):
         compactions, self._pending_compactions = self._pending_compactions, []
         confs, self._pending_confs = self._pending_confs, []
         if not readies and not compactions and not confs:
-            return
+            return None
         transport = self._transport
         batch = WriteBatch()
+        handed: list[Group] = []
         for g, rd in readies:
             for m in rd.messages:
                 self._send(g, m)
-            if rd.snapshot is None:
+            if rd.snapshot is None and self._hand_out(g, rd, wake=False):
                 # Committed entries are durable on a quorum already: apply them while
                 # this node's own write (of new entries or of the commit index) is in
                 # flight, rather than after it. A snapshot to install waits for its write.
-                self._hand_out(g, rd)
+                handed.append(g)
             hs = rd.hard_state
             if (hs is not None and not rd.entries and rd.snapshot is None
                     and (hs.term, hs.vote) == g.saved_vote):
@@ -681,10 +733,40 @@ class MultiRaftHost(ReadsAndApply):
             batch.compact(gid, meta)
         for gid, index, cs in confs:
             batch.set_conf_state(gid, index, cs)
+        if handed and not len(batch):
+            # Nothing to write: apply now. If that answered callers of this node, write
+            # this turn's messages (typically the commit index for the followers) in
+            # the next loop iteration, after those callers had their turn to answer;
+            # if not (the proposals came from other nodes, which answer once they
+            # learn the commit), at once.
+            answered = self.answered
+            self._dispatch_applies(handed, inline=True)
+            for g, rd in readies:
+                for m in rd.persisted_messages:
+                    self._send(g, m)
+            if self.answered != answered:
+                self._loop.call_soon(transport.flush)
+            else:
+                transport.flush()
+            for g, rd in readies:
+                self._after_persist(g, rd)
+            return None
         transport.flush()
+        if handed:
+            self._dispatch_applies(handed, inline=False)
         if len(batch):
-            await self._wal.append(batch)
-            self.turns += 1
+            return batch, readies
+        self._end_turn(readies)
+        return None
+
+    async def _finish_turn(self, batch: WriteBatch, readies: list[tuple[Group, Ready]]) -> None:
+        """Write a turn's batch, then send what waited for it (``_end_turn``)."""
+        await self._wal.append(batch)
+        self.turns += 1
+        self._end_turn(readies)
+
+    def _end_turn(self, readies: list[tuple[Group, Ready]]) -> None:
+        transport = self._transport
         for g, rd in readies:
             for m in rd.persisted_messages:
                 self._send(g, m)
@@ -734,17 +816,24 @@ class MultiRaftHost(ReadsAndApply):
                 self._active.discard(g)
             g.quiesce_from = NO_NODE
 
-    def _hand_out(self, g: Group, rd: Ready) -> None:
-        """Queue ``rd``'s committed entries for the apply task; note its ReadIndex answers."""
-        if rd.committed_entries:
-            g.apply_queue.extend(rd.committed_entries)
-            self._apply_ready.add(g)
-            self._apply_wake.set()
+    def _hand_out(self, g: Group, rd: Ready, *, wake: bool = True) -> bool:
+        """Queue ``rd``'s committed entries; note its ReadIndex answers.
+
+        With ``wake`` the apply task is woken for them; without, the caller dispatches
+        them (``_dispatch_applies``). True when entries were queued.
+        """
         for rs in rd.read_states:
             issued = g.reads_issued.pop(rs.request_ctx, None)
             if issued:
                 for f in issued[1]:
                     g.reads_waiting.append(ReadWaiter(f, rs.index))
+        if not rd.committed_entries:
+            return False
+        g.apply_queue.extend(rd.committed_entries)
+        if wake:
+            self._apply_ready.add(g)
+            self._apply_wake.set()
+        return True
 
     def _pending_conf(self, g: Group, cs: ConfState) -> None:
         # Persist the membership in force with the next batch: recovery then starts

@@ -60,7 +60,15 @@ from dataclasses import dataclass, field
 
 from accord.raft import codec, snapstream
 from accord.raft.codec import PROTOCOL_VERSION, CodecError, Heartbeat, HeartbeatResp, Hello
-from accord.raft.framing import FrameError, close_writer, frame, read_frame, within
+from accord.raft.framing import (
+    FrameError,
+    FrameReceiver,
+    close_writer,
+    frame,
+    read_frame,
+    take_buffered,
+    within,
+)
 from accord.raft.snapstream import (
     BytesSnapshotSource,
     OnSnapshotChunk,
@@ -501,7 +509,7 @@ class PeerTransport:
             self.stats.accepts += 1
             stage = "frames"
             if hello.kind == "raft":
-                await self._serve_raft(hello.node_id, reader)
+                await self._serve_raft(hello.node_id, reader, writer)
             else:
                 await self._serve_snapshot(hello.node_id, reader, writer)
         except FrameError as exc:
@@ -521,19 +529,25 @@ class PeerTransport:
         finally:
             close_writer(writer)
 
-    async def _serve_raft(self, frm: int, reader: asyncio.StreamReader) -> None:
-        # One deadline for the whole connection, pushed forward at most twice per idle
-        # window, instead of a timer per frame: a silent link still times out.
-        loop = asyncio.get_running_loop()
-        idle = self._idle_timeout
+    async def _serve_raft(self, frm: int, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        # After the handshake the connection leaves the stream: a FrameReceiver hands
+        # each frame to the host from data_received, so a message reaches the core in
+        # the loop iteration that read it (no reader task to wake, no stream buffer).
+        def on_frame(payload: bytes) -> None:
+            self._on_raft_frame(frm, payload)
+
+        receiver = FrameReceiver(on_frame, self._max_frame, self._idle_timeout)
+        receiver.attach(writer.transport, take_buffered(reader), eof=reader.at_eof())
         try:
-            async with asyncio.timeout_at(loop.time() + idle) as deadline:
-                await self._serve_raft_frames(frm, reader, deadline, loop, idle)
+            await receiver.closed()
         except TimeoutError:
             raise  # silent, not closed: the idle timeout is the keepalive's business
         except (EOFError, OSError):
             self._inbound_closed(frm)
             raise
+        finally:
+            receiver.detach()
 
     def _inbound_closed(self, node_id: int) -> None:
         """``node_id``'s link to us closed: if ours to it is down, redial now (and report
@@ -544,29 +558,22 @@ class PeerTransport:
         peer.armed = True
         peer.wake.set()
 
-    async def _serve_raft_frames(self, frm: int, reader: asyncio.StreamReader,
-                                 deadline: asyncio.Timeout, loop: asyncio.AbstractEventLoop,
-                                 idle: float) -> None:
-        while True:
-            payload = await read_frame(reader, self._max_frame, None)
-            now = loop.time()
-            when = deadline.when()
-            if when is not None and when - now < idle / 2:
-                deadline.reschedule(now + idle)
-            try:
-                got = codec.decode_frame(payload, to=self.node_id, frm=frm, max_len=self._max_frame)
-            except CodecError as exc:
-                raise FrameError(f"malformed frame from node {frm}: {exc}") from exc
-            self.stats.frames_received += 1
-            self.stats.msgs_received += (len(got.messages) + len(got.heartbeats)
-                                         + len(got.heartbeat_resps))
-            try:
-                if got.messages:
-                    self._on_messages(frm, got.messages)
-                if (got.heartbeats or got.heartbeat_resps) and self._on_heartbeats is not None:
-                    self._on_heartbeats(frm, got.heartbeats, got.heartbeat_resps)
-            except Exception:
-                log.exception("message handler failed on a frame from node %d", frm)
+    def _on_raft_frame(self, frm: int, payload: bytes) -> None:
+        """Decode one inbound frame and hand it to the host; ``FrameError`` if malformed."""
+        try:
+            got = codec.decode_frame(payload, to=self.node_id, frm=frm, max_len=self._max_frame)
+        except CodecError as exc:
+            raise FrameError(f"malformed frame from node {frm}: {exc}") from exc
+        stats = self.stats
+        stats.frames_received += 1
+        stats.msgs_received += len(got.messages) + len(got.heartbeats) + len(got.heartbeat_resps)
+        try:
+            if got.messages:
+                self._on_messages(frm, got.messages)
+            if (got.heartbeats or got.heartbeat_resps) and self._on_heartbeats is not None:
+                self._on_heartbeats(frm, got.heartbeats, got.heartbeat_resps)
+        except Exception:
+            log.exception("message handler failed on a frame from node %d", frm)
 
     # -- snapshot streams ----------------------------------------------------
 

@@ -293,3 +293,23 @@ async def test_learning_of_a_commit_costs_a_follower_no_fsync(cluster: Cluster) 
         # one fsync per entry (plus a little slack for stray ticks); two per entry
         # if every commit-only hard state were written on its own
         assert f.wal.stats.fsyncs - b <= writes + 4, f.wal.stats.fsyncs - b
+
+
+async def test_every_replica_snapshots_when_its_entries_are_applied_in_the_poll_loop(
+    cluster: Cluster,
+) -> None:
+    """Sequential writes are applied by the turn that learns their commit (no write in
+    that turn), not by the apply task; the snapshot every ``snapshot_entries`` must still
+    happen on every replica, or logs would grow without bound."""
+    gid = 2
+    lead = await cluster.leader(gid)
+    for i in range(3 * FAST.snapshot_entries):
+        await cluster.put(lead, gid, f"key{i}", str(i))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while loop.time() < deadline:
+        snaps = [n.host.group(gid).last_snapshot_index for n in cluster.nodes.values()]
+        if all(s >= FAST.snapshot_entries for s in snaps):
+            break
+        await asyncio.sleep(0.05)
+    assert all(s >= FAST.snapshot_entries for s in snaps), snaps
