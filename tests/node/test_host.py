@@ -132,8 +132,8 @@ class Cluster:
 FAST = HostConfig(tick_interval=0.02, election_ticks=10, request_timeout=3.0, snapshot_entries=40)
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+async def running_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """Three hosts over real loopback links, started; stopped at the end."""
     c = Cluster(tmp_path, FAST)
     try:
         for nid in (1, 2, 3):
@@ -143,6 +143,12 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     finally:
         with contextlib.suppress(Exception):
             await c.stop()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    async for c in running_cluster(tmp_path):
+        yield c
 
 
 async def test_proposals_from_every_node_apply_everywhere_in_the_same_order(cluster: Cluster) -> None:

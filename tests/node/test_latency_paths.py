@@ -22,7 +22,7 @@ import pytest
 from accord.raft.framing import FrameError, FrameReceiver, frame, take_buffered
 from accord.raft.hostapply import INLINE_APPLY_MAX
 from accord.raft.types import Entry, EntryType
-from tests.node.test_host import FAST, Cluster
+from tests.node.test_host import Cluster, running_cluster
 
 # ---------------------------------------------------------------------------
 # FrameReceiver over loopback
@@ -177,14 +177,8 @@ async def test_detach_ends_the_wait_quietly(link: Link) -> None:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path, FAST)
-    try:
-        for nid in (1, 2, 3):
-            await c.start_node(nid)
-        await c.connect_and_run()
+    async for c in running_cluster(tmp_path):
         yield c
-    finally:
-        await c.stop()
 
 
 def _cancel_apply_task(c: Cluster, nid: int) -> asyncio.Task[None]:
