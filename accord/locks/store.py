@@ -26,15 +26,12 @@ class LockStore(Protocol):
 
     async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
         """Commit a transaction (through consensus)."""
-        ...
 
     async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
         """A linearizable read."""
-        ...
 
     async def lease_grant(self, ttl: int) -> int:
         """Grant a lease of ``ttl`` seconds; its id."""
-        ...
 
     async def wait_change(
         self, ranges: Sequence[tuple[bytes, bytes]], after_revision: int, timeout: float
@@ -43,7 +40,6 @@ class LockStore(Protocol):
 
         Returns ``[]`` on timeout or when the watch broke.
         """
-        ...
 
 
 class BackendLockStore:

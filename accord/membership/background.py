@@ -8,7 +8,7 @@ is started by ``start()`` and ended (gracefully leaving the group) by ``stop()``
     bg = BackgroundMembership(SwimConfig.lan(), bind=("10.0.0.7", 0), name="gpu-a",
                               seeds=[("10.0.0.1", 3380)], meta={"role": "gpu-agent"})
     addr = bg.start()
-    ...
+    alive = [m.name for m in bg.members()]
     bg.stop()
 """
 

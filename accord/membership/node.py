@@ -10,7 +10,7 @@ and fans membership events out to subscribers.
                    meta={"role": "raft"})
     await m.start()
     async for event in m.subscribe():   # joined / updated / suspect / dead / left / alive
-        ...
+        print(event.kind, event.member.name)
     await m.leave(); await m.stop()
 """
 

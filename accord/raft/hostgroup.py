@@ -25,16 +25,13 @@ class StateMachine(Protocol):
 
     def apply(self, index: int, payload: bytes) -> object:
         """Apply one committed command; the return value answers the proposer."""
-        ...
 
     def prepare_snapshot(self) -> Callable[[], bytes]:
         """Capture the state now (cheaply, on the loop); the function returned
         serializes that capture and runs in a worker thread."""
-        ...
 
     def restore(self, data: bytes) -> None:
         """Replace the whole state by a snapshot's."""
-        ...
 
 
 class Transport(Protocol):

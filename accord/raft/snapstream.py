@@ -43,11 +43,9 @@ class SnapshotSource(Protocol):
     @property
     def size(self) -> int:
         """Total number of bytes."""
-        ...
 
     async def read(self, offset: int, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` bytes starting at ``offset`` (non-empty before the end)."""
-        ...
 
 
 class BytesSnapshotSource:
