@@ -32,10 +32,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
         c.stop_all()
 
 
-def eps(c: ProcCluster) -> str:
-    return ",".join(n.endpoint for n in c.nodes)
-
-
 def follower(c: ProcCluster) -> str:
     lead = c.leader()
     return next(n.endpoint for n in c.nodes if n is not lead)
@@ -56,7 +52,7 @@ def test_kv_through_a_follower(cluster: ProcCluster) -> None:
     assert etcdctl(ep, "del", "/c/x/a").strip() == "1"
     txn = "value(\"/c/x/b\") = \"2\"\n\nput /c/x/t yes\n\nput /c/x/t no\n\n"
     assert etcdctl(ep, "txn", stdin=txn).splitlines()[:2] == ["SUCCESS", ""]
-    assert etcdctl(eps(cluster), "get", "/c/x/t", "--print-value-only").strip() == "yes"
+    assert etcdctl(cluster.endpoints, "get", "/c/x/t", "--print-value-only").strip() == "yes"
 
 
 def test_watch_sees_writes_made_through_another_member(cluster: ProcCluster) -> None:
@@ -93,17 +89,17 @@ def test_leases_expire_on_the_leaders_decision(cluster: ProcCluster) -> None:
 
 
 def test_lock_and_elect_recipes(cluster: ProcCluster) -> None:
-    out = etcdctl(eps(cluster), "lock", "job-lock", "echo", "held")
+    out = etcdctl(cluster.endpoints, "lock", "job-lock", "echo", "held")
     assert out.strip().splitlines()[-1] == "held"
     binary = require_binary("etcdctl")
-    proc = subprocess.Popen([binary, f"--endpoints={eps(cluster)}", "elect", "el", "proposal-1"],
+    proc = subprocess.Popen([binary, f"--endpoints={cluster.endpoints}", "elect", "el", "proposal-1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={"ETCDCTL_API": "3"})
     try:
         deadline = time.monotonic() + 10
         leader_line = ""
         while time.monotonic() < deadline:
-            leader_line = etcdctl(eps(cluster), "get", "el", "--prefix", "--print-value-only")
+            leader_line = etcdctl(cluster.endpoints, "get", "el", "--prefix", "--print-value-only")
             if "proposal-1" in leader_line:
                 break
             time.sleep(0.2)
@@ -114,17 +110,17 @@ def test_lock_and_elect_recipes(cluster: ProcCluster) -> None:
 
 
 def test_cluster_views_and_maintenance(cluster: ProcCluster, tmp_path: Path) -> None:
-    members = etcdctl_json(eps(cluster), "member", "list")["members"]
+    members = etcdctl_json(cluster.endpoints, "member", "list")["members"]
     assert sorted(m["name"] for m in members) == ["n1", "n2", "n3"]
     assert all(m["clientURLs"] for m in members)
-    statuses = etcdctl_json(eps(cluster), "endpoint", "status", "--cluster")
+    statuses = etcdctl_json(cluster.endpoints, "endpoint", "status", "--cluster")
     leaders = {s["Status"]["leader"] for s in statuses}
     assert len(statuses) == 3 and len(leaders) == 1
     assert sum(s["Status"]["leader"] == s["Status"]["header"]["member_id"] for s in statuses) == 1
-    health = etcdctl(eps(cluster), "endpoint", "health", "--cluster", check=False)
+    health = etcdctl(cluster.endpoints, "endpoint", "health", "--cluster", check=False)
     assert health.count("is healthy") == 3
     snap = tmp_path / "s.db"
     etcdctl(cluster.nodes[1].endpoint, "snapshot", "save", str(snap))
     assert snap.stat().st_size % 512 == 32
-    r = etcdctl_json(eps(cluster), "put", "/cmp/k", "v")["header"]["revision"]
-    assert etcdctl(eps(cluster), "compaction", str(r)).strip() == f"compacted revision {r}"
+    r = etcdctl_json(cluster.endpoints, "put", "/cmp/k", "v")["header"]["revision"]
+    assert etcdctl(cluster.endpoints, "compaction", str(r)).strip() == f"compacted revision {r}"

@@ -30,10 +30,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
         c.stop_all()
 
 
-def eps(c: ProcCluster) -> str:
-    return ",".join(n.endpoint for n in c.nodes)
-
-
 def group_members(c: ProcCluster) -> set[int]:
     """Every node id in any group's membership, as the first node sees it."""
     report = json.loads(c.nodes[0].channel().unary_unary(DEBUG_GROUPS_METHOD)(b"", timeout=2))
@@ -52,7 +48,7 @@ def eventually(check: Callable[[], bool], timeout: float = 15.0) -> bool:
 def test_member_add_list_remove(cluster: ProcCluster) -> None:
     (port,) = free_ports(1)
     url = f"http://{HOST}:{port}"
-    out = etcdctl(eps(cluster), "member", "add", "n4", f"--peer-urls={url}")
+    out = etcdctl(cluster.endpoints, "member", "add", "n4", f"--peer-urls={url}")
     m = re.search(r"Member\s+([0-9a-f]+) added to cluster\s+([0-9a-f]+)", out)
     assert m, out
     new_id = int(m.group(1), 16)
@@ -62,42 +58,42 @@ def test_member_add_list_remove(cluster: ProcCluster) -> None:
         [f"n4={url}"] + [f"{n.name}=http://{HOST}:{n.peer_port}" for n in cluster.nodes])
     assert 'ETCD_INITIAL_CLUSTER_STATE="existing"' in out
 
-    listed = etcdctl_json(eps(cluster), "member", "list")["members"]
+    listed = etcdctl_json(cluster.endpoints, "member", "list")["members"]
     assert len(listed) == 4
     (new,) = [x for x in listed if x["ID"] == new_id]
     assert new["peerURLs"] == [url] and "name" not in new and not new.get("isLearner")
-    assert "unstarted" in etcdctl(eps(cluster), "member", "list")
+    assert "unstarted" in etcdctl(cluster.endpoints, "member", "list")
     assert eventually(lambda: new_id in group_members(cluster))  # the leaders add a learner
 
-    again = etcdctl(eps(cluster), "member", "add", "n5", f"--peer-urls={url}", check=False)
+    again = etcdctl(cluster.endpoints, "member", "add", "n5", f"--peer-urls={url}", check=False)
     assert "Peer URLs already exists" in again
     n1 = next(x for x in listed if x.get("name") == "n1")
-    not_learner = etcdctl(eps(cluster), "member", "promote", f"{n1['ID']:x}", check=False)
+    not_learner = etcdctl(cluster.endpoints, "member", "promote", f"{n1['ID']:x}", check=False)
     assert "can only promote a learner member" in not_learner
-    assert "member not found" in etcdctl(eps(cluster), "member", "remove", "abc123", check=False)
+    assert "member not found" in etcdctl(cluster.endpoints, "member", "remove", "abc123", check=False)
 
     (port2,) = free_ports(1)
-    out = etcdctl(eps(cluster), "member", "update", f"{new_id:x}", f"--peer-urls=http://{HOST}:{port2}")
+    out = etcdctl(cluster.endpoints, "member", "update", f"{new_id:x}", f"--peer-urls=http://{HOST}:{port2}")
     assert re.search(rf"Member\s+{new_id:x} updated in cluster", out), out
-    (new,) = [x for x in etcdctl_json(eps(cluster), "member", "list")["members"]
+    (new,) = [x for x in etcdctl_json(cluster.endpoints, "member", "list")["members"]
               if x["ID"] == new_id]
     assert new["peerURLs"] == [f"http://{HOST}:{port2}"]
 
-    out = etcdctl(eps(cluster), "member", "remove", f"{new_id:x}")
+    out = etcdctl(cluster.endpoints, "member", "remove", f"{new_id:x}")
     assert re.search(rf"Member\s+{new_id:x} removed from cluster\s+[0-9a-f]+", out), out
-    assert len(etcdctl_json(eps(cluster), "member", "list")["members"]) == 3
+    assert len(etcdctl_json(cluster.endpoints, "member", "list")["members"]) == 3
     assert eventually(lambda: new_id not in group_members(cluster))
     # A removed id is never reused (etcd's rule): the same peer URL is refused.
-    reused = etcdctl(eps(cluster), "member", "add", "n4", f"--peer-urls={url}", check=False)
+    reused = etcdctl(cluster.endpoints, "member", "add", "n4", f"--peer-urls={url}", check=False)
     assert "ID removed" in reused
 
 
 def test_member_add_learner(cluster: ProcCluster) -> None:
     (port,) = free_ports(1)
-    out = etcdctl(eps(cluster), "member", "add", "l1", f"--peer-urls=http://{HOST}:{port}",
+    out = etcdctl(cluster.endpoints, "member", "add", "l1", f"--peer-urls=http://{HOST}:{port}",
                   "--learner")
     new_id = int(re.search(r"Member\s+([0-9a-f]+) added", out).group(1), 16)  # type: ignore[union-attr]
-    (new,) = [x for x in etcdctl_json(eps(cluster), "member", "list")["members"]
+    (new,) = [x for x in etcdctl_json(cluster.endpoints, "member", "list")["members"]
               if x["ID"] == new_id]
     assert new["isLearner"] is True
     # Never started, so never in sync: a node leading some group refuses to promote it.
@@ -108,7 +104,7 @@ def test_member_add_learner(cluster: ProcCluster) -> None:
     leading = next(n for n in cluster.nodes if cluster.status(n).header.member_id == busiest)
     refused = etcdctl(leading.endpoint, "member", "promote", f"{new_id:x}", check=False)
     assert "can only promote a learner member which is in sync with leader" in refused
-    out = etcdctl(eps(cluster), "member", "remove", f"{new_id:x}")
+    out = etcdctl(cluster.endpoints, "member", "remove", f"{new_id:x}")
     assert "removed from cluster" in out
 
 
@@ -117,7 +113,7 @@ def test_a_joining_node_with_another_shard_count_stops_with_a_clear_error(
     node = cluster.new_node("wrong")
     try:
         url = f"http://{HOST}:{node.peer_port}"
-        out = etcdctl(eps(cluster), "member", "add", "wrong", f"--peer-urls={url}")
+        out = etcdctl(cluster.endpoints, "member", "add", "wrong", f"--peer-urls={url}")
         initial = re.search(r'ETCD_INITIAL_CLUSTER="([^"]+)"', out)
         assert initial
         extra = cluster.extra
@@ -135,12 +131,12 @@ def test_a_joining_node_with_another_shard_count_stops_with_a_clear_error(
         # retry as a user would; a removal that completed meanwhile says "not found".
         out = ""
         for _ in range(3):
-            out = etcdctl(eps(cluster), "member", "remove", f"{new_id:x}", check=False)
+            out = etcdctl(cluster.endpoints, "member", "remove", f"{new_id:x}", check=False)
             if "removed from cluster" in out or "member not found" in out:
                 break
             assert "request timed out" in out, out
         assert "removed from cluster" in out or "member not found" in out, out
-        listed = etcdctl_json(eps(cluster), "member", "list")["members"]
+        listed = etcdctl_json(cluster.endpoints, "member", "list")["members"]
         assert new_id not in {m["ID"] for m in listed}
     finally:
         cluster.stop(node)

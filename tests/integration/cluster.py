@@ -90,6 +90,11 @@ class ProcCluster:
         self.initial_for: dict[str, str] = {}
         """Per-node ``--initial-cluster`` overrides (peer URLs through proxies)."""
 
+    @property
+    def endpoints(self) -> str:
+        """Every node's client endpoint, comma-separated (for ``--endpoints``)."""
+        return ",".join(n.endpoint for n in self.nodes)
+
     def new_node(self, name: str) -> ProcNode:
         """A node for a member added at runtime (start it with ``start(node, existing=True)``)."""
         client, peer, gossip = free_ports(3)

@@ -30,7 +30,7 @@ def accord(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_status_lists_every_member_and_one_leader(cluster: ProcCluster) -> None:
-    eps = ",".join(n.endpoint for n in cluster.nodes)
+    eps = cluster.endpoints
     out = accord("status", "--endpoints", eps, "--json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)

@@ -149,7 +149,7 @@ def test_paused_daemon_is_suspected_then_alive_again(cluster: ProcCluster) -> No
 
 def test_gpu_agent_killed_has_its_job_requeued_by_membership(cluster: ProcCluster,
                                                             tmp_path: Path) -> None:
-    eps = ",".join(n.endpoint for n in cluster.nodes)
+    eps = cluster.endpoints
     seeds = ",".join(f"{HOST}:{n.gossip_port}" for n in cluster.nodes)
     log = open(tmp_path / "agent.log", "wb")
     # A long heartbeat interval keeps the scheduler's own heartbeat detector quiet for the

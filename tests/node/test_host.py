@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import msgpack
 import pytest
@@ -132,9 +133,13 @@ class Cluster:
 FAST = HostConfig(tick_interval=0.02, election_ticks=10, request_timeout=3.0, snapshot_entries=40)
 
 
-async def running_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    """Three hosts over real loopback links, started; stopped at the end."""
-    c = Cluster(tmp_path, FAST)
+C = TypeVar("C", bound=Cluster)
+
+
+async def running_cluster(tmp_path: Path, kind: type[C]) -> AsyncIterator[C]:
+    """Three hosts (of cluster class ``kind``) over real loopback links, started;
+    stopped at the end."""
+    c = kind(tmp_path, FAST)
     try:
         for nid in (1, 2, 3):
             await c.start_node(nid)
@@ -147,7 +152,7 @@ async def running_cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    async for c in running_cluster(tmp_path):
+    async for c in running_cluster(tmp_path, Cluster):
         yield c
 
 

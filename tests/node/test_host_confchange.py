@@ -10,7 +10,6 @@ removed; bad changes are refused and change nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from accord.raft.host import MultiRaftHost
 from accord.raft.snapshot import SnapshotStore
 from accord.raft.transport import PeerTransport
 from accord.raft.wal import WriteAheadLog
-from tests.node.test_host import FAST, GROUPS, Cluster, Node, Register
+from tests.node.test_host import GROUPS, Cluster, Node, Register, running_cluster
 
 
 def change(kind: ConfChangeType, node: int) -> ConfChange:
@@ -59,15 +58,8 @@ class JoinCluster(Cluster):
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[JoinCluster]:
-    c = JoinCluster(tmp_path, FAST)
-    try:
-        for nid in (1, 2, 3):
-            await c.start_node(nid)
-        await c.connect_and_run()
+    async for c in running_cluster(tmp_path, JoinCluster):
         yield c
-    finally:
-        with contextlib.suppress(Exception):
-            await c.stop()
 
 
 async def test_a_change_proposed_on_a_follower_is_forwarded_and_applied(

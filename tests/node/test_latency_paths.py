@@ -177,7 +177,7 @@ async def test_detach_ends_the_wait_quietly(link: Link) -> None:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    async for c in running_cluster(tmp_path):
+    async for c in running_cluster(tmp_path, Cluster):
         yield c
 
 
