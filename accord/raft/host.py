@@ -741,15 +741,7 @@ class MultiRaftHost(ReadsAndApply):
             # learn the commit), at once.
             answered = self.answered
             self._dispatch_applies(handed, inline=True)
-            for g, rd in readies:
-                for m in rd.persisted_messages:
-                    self._send(g, m)
-            if self.answered != answered:
-                self._loop.call_soon(transport.flush)
-            else:
-                transport.flush()
-            for g, rd in readies:
-                self._after_persist(g, rd)
+            self._end_turn(readies, defer_flush=self.answered != answered)
             return None
         transport.flush()
         if handed:
@@ -765,12 +757,17 @@ class MultiRaftHost(ReadsAndApply):
         self.turns += 1
         self._end_turn(readies)
 
-    def _end_turn(self, readies: list[tuple[Group, Ready]]) -> None:
+    def _end_turn(self, readies: list[tuple[Group, Ready]], *, defer_flush: bool = False) -> None:
+        """Send the messages that waited for the write, then let the cores advance.
+        ``defer_flush`` writes them one loop iteration later (after answered callers)."""
         transport = self._transport
         for g, rd in readies:
             for m in rd.persisted_messages:
                 self._send(g, m)
-        transport.flush()
+        if defer_flush:
+            self._loop.call_soon(transport.flush)
+        else:
+            transport.flush()
         for g, rd in readies:
             self._after_persist(g, rd)
 
