@@ -24,6 +24,13 @@ overwriting written zeros, and overwriting a file just preallocated with
 ``os.posix_fallocate`` (ext4 "unwritten" extents, converted on first write), which
 is how the log's choice of written zeros was made.
 
+At 1 proposer each slice also times a *handoff* loop: a coroutine handing a bare
+write+fdatasync to a thread and awaiting it (no framing, no CRC, no bookkeeping).
+It is the floor of the 1-proposer ratio for any log that keeps fsync off the event
+loop: two cross-thread wake-ups per append. On a virtual machine whose idle vCPUs
+take tens of microseconds to wake, that floor sits well under the raw loop, which
+wakes no other thread. ``ratio_to_handoff`` is the log against that floor.
+
 Usage: ``python bench/wal.py [--duration 3] [--levels 1,16,256,4096] [--dir DIR]``.
 Prints a table, and as its last line one JSON object with every figure.
 """
@@ -34,10 +41,12 @@ import argparse
 import asyncio
 import json
 import os
+import queue
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -139,6 +148,50 @@ def raw_fsync_loop(
     return out
 
 
+async def handoff_loop(zeroed: Path, size: int, duration: float) -> float:
+    """Rate of the least any log that keeps fsync off the event loop must do.
+
+    One coroutine hands a write+fdatasync of ``size`` bytes (in place over the
+    written zeros of ``zeroed``, like the preallocated raw loop) to a thread and
+    awaits it; the thread does the I/O and wakes the loop with
+    ``call_soon_threadsafe``. No framing, no CRC, no bookkeeping: what remains over
+    the raw loop is two cross-thread wake-ups per append, which is the floor of
+    the 1-proposer ratio on this machine for any such design.
+    """
+    loop = asyncio.get_running_loop()
+    buf = os.urandom(size)
+    jobs: queue.SimpleQueue[tuple[int, asyncio.Future[None]] | None] = queue.SimpleQueue()
+    fd = os.open(zeroed, os.O_WRONLY)
+
+    def worker() -> None:
+        while (job := jobs.get()) is not None:
+            off, fut = job
+            os.pwrite(fd, buf, off)
+            os.fdatasync(fd)
+            loop.call_soon_threadsafe(fut.set_result, None)
+
+    thread = threading.Thread(target=worker, name="handoff", daemon=True)
+    thread.start()
+    limit = PREALLOC_BYTES // size - 1
+    n = 0
+    try:
+        start = time.perf_counter()
+        deadline = start + duration
+        while n < limit:
+            fut = loop.create_future()
+            jobs.put((n * size, fut))
+            await fut
+            n += 1
+            if n % 16 == 0 and time.perf_counter() >= deadline:
+                break
+        elapsed = time.perf_counter() - start
+    finally:
+        jobs.put(None)
+        thread.join()
+        os.close(fd)
+    return n / elapsed
+
+
 def compare_raw(
     directory: Path, size: int, zeroed: Path, rounds: int, slice_s: float
 ) -> dict[str, dict[str, object]]:
@@ -212,15 +265,18 @@ async def run_level(
 
     raws: list[float] = []
     pres: list[float] = []
+    handoffs: list[float] = []
     rates: list[float] = []
 
-    def raw_slices() -> None:
+    async def raw_slices() -> None:
         raws.append(raw_fsync_loop(raw_dir, rec_size, raw_slice)["fsyncs_per_s"])
         pres.append(
             raw_fsync_loop(raw_dir, rec_size, raw_slice, mode="overwrite", zeroed=zeroed)[
                 "fsyncs_per_s"
             ]
         )
+        if proposers == 1:
+            handoffs.append(await handoff_loop(zeroed, rec_size, raw_slice))
 
     appends = fsyncs = written = 0
     elapsed = 0.0
@@ -229,7 +285,7 @@ async def run_level(
         await asyncio.sleep(min(0.3, duration / 5))  # warm-up
         for _ in range(windows):
             await pause()  # the log is idle: nothing of it runs during the raw slices
-            raw_slices()
+            await raw_slices()
             gate.set()
             await asyncio.sleep(0.02)  # let every proposer get going again
             base_appends = sum(counts)
@@ -247,7 +303,7 @@ async def run_level(
             written += wal.stats.bytes_written - base[1]
             rates.append(n / dt)
         await pause()
-        raw_slices()
+        await raw_slices()
         stop = True
         gate.set()
         await asyncio.gather(*tasks)
@@ -255,7 +311,18 @@ async def run_level(
         wal.close()
     ratios = [r / ((a + b) / 2) for r, a, b in zip(rates, raws, raws[1:], strict=False)]
     pratios = [r / ((a + b) / 2) for r, a, b in zip(rates, pres, pres[1:], strict=False)]
+    hratios = [r / ((a + b) / 2) for r, a, b in zip(rates, handoffs, handoffs[1:], strict=False)]
     st = wal.stats
+    floor: dict[str, object] = {}
+    if handoffs:
+        floor = {
+            "handoff_per_s": statistics.mean(handoffs),
+            "handoff_slices": handoffs,
+            "ratio_to_handoff": statistics.median(hratios),
+            "handoff_ratio_to_raw_prealloc": statistics.median(
+                h / p for h, p in zip(handoffs, pres, strict=True)
+            ),
+        }
     return {
         "proposers": proposers,
         "appends_per_s": appends / elapsed,
@@ -275,6 +342,7 @@ async def run_level(
         "ratio_to_raw_prealloc": statistics.median(pratios),
         "segments_created": st.segments_created,
         "rotation_waits": getattr(st, "prepare_waits", 0),
+        **floor,
     }
 
 
@@ -344,6 +412,10 @@ def main() -> None:
               f"{r['raw_fsyncs_per_s']:>8,.0f} {r['raw_prealloc_fsyncs_per_s']:>8,.0f} "
               f"{r['ratio_to_raw']:>6.2f} {r['ratio_to_raw_prealloc']:>6.2f} "
               f"{min(wr):>7.2f}..{max(wr):<7.2f} {r['ratio_to_one']:>8.1f} {r['peak_rss_mb']:>8.1f}")
+        if "handoff_per_s" in r:
+            print(f"{'':>9} floor of any off-loop design (thread handoff, no framing): "
+                  f"{r['handoff_per_s']:,.0f}/s = {r['handoff_ratio_to_raw_prealloc']:.2f} x pre; "
+                  f"the log = {r['ratio_to_handoff']:.2f} x that floor")
     summary = {
         "bench": "wal",
         "entry_bytes": args.entry_bytes,
