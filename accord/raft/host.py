@@ -122,6 +122,11 @@ T = TypeVar("T")
 
 _ENVELOPE = msgpack.Packer(use_bin_type=True)
 
+FORWARD_RETRY_DELAY = 0.01
+"""Seconds before a proposal the leader refused (see ``_refuse_forwarded``) is
+forwarded again: long enough for a leadership transfer to finish, short next to a
+client's patience."""
+
 
 class MultiRaftHost(ReadsAndApply):
     """Drives every Raft group of one node (see the module docstring)."""
@@ -528,7 +533,10 @@ class MultiRaftHost(ReadsAndApply):
             if msg.type == MessageType.HEARTBEAT and msg.context == QUIESCE_CONTEXT:
                 g.quiesce_from = msg.frm
             if msg.type == MessageType.PROPOSE:
-                self._handle_forwarded(g, msg)
+                if msg.reject:
+                    self._forward_refused(g, msg)
+                else:
+                    self._handle_forwarded(g, msg)
                 continue
             if msg.type == MessageType.APP and msg.index == 0 and not g.core.conf_state.voters:
                 # A joining replica knows no membership yet: replaying the log from
@@ -549,8 +557,9 @@ class MultiRaftHost(ReadsAndApply):
 
     def _handle_forwarded(self, g: Group, msg: Message) -> None:
         if g.core.role != Role.LEADER:
-            return  # the origin times out and its client retries
-        for e in msg.entries:
+            self._refuse_forwarded(g, msg, msg.entries)
+            return
+        for i, e in enumerate(msg.entries):
             try:
                 if e.type == EntryType.CONF_CHANGE:
                     g.core.propose_conf_change(ConfChange.decode(e.data))
@@ -559,9 +568,48 @@ class MultiRaftHost(ReadsAndApply):
             except ConfChangeError as exc:  # the origin sees no change and retries or gives up
                 log.info("group %d: forwarded conf change from node %d refused: %s",
                          g.id, msg.frm, exc)
-            except ProposalDropped:
-                return
+            except ProposalDropped:  # a transfer under way, or too much uncommitted
+                self._refuse_forwarded(g, msg, msg.entries[i:])
+                break
         self._mark(g)
+
+    def _refuse_forwarded(self, g: Group, msg: Message, entries: list[Entry]) -> None:
+        """Tell the origin that these forwarded proposals were not appended.
+
+        Without the answer the origin would wait out its whole request timeout (a
+        leadership transfer refuses proposals for a moment, and leader balancing
+        transfers routinely). Nothing refused was appended, so forwarding it again
+        cannot apply it twice. Conf changes are left out: their proposer already
+        proposes again until the change shows (``propose_conf_change``).
+        """
+        normal = [e for e in entries if e.type == EntryType.NORMAL]
+        if not normal:
+            return
+        self._transport.send(msg.frm, g.id, Message(
+            MessageType.PROPOSE, to=msg.frm, frm=self.node_id, term=g.core.term,
+            entries=normal, reject=True))
+        self._flush_forwarded = True
+        self._wake.set()
+
+    def _forward_refused(self, g: Group, msg: Message) -> None:
+        """Our forwarded proposals came back unappended: submit each again shortly."""
+        for e in msg.entries:
+            try:
+                origin, seq, _ = msgpack.unpackb(e.data, raw=False)
+            except (ValueError, TypeError, msgpack.UnpackException):
+                continue
+            if origin == self.node_id and seq in g.proposals:
+                self._loop.call_later(FORWARD_RETRY_DELAY, self._forward_again, g, seq, e.data)
+
+    def _forward_again(self, g: Group, seq: int, data: bytes) -> None:
+        """Submit a refused proposal again, to whoever leads now, while its caller waits."""
+        fut = g.proposals.get(seq)
+        if fut is None or fut.done() or self._halted or self._fatal is not None:
+            return
+        try:
+            self._submit(g, data)
+        except GroupUnavailable:  # no leader yet, or this node leads and still refuses
+            self._loop.call_later(FORWARD_RETRY_DELAY, self._forward_again, g, seq, data)
 
     async def _step_snapshot(self, g: Group, msg: Message) -> None:
         """Attach the data of the snapshot file the stream delivered, then step the SNAP."""

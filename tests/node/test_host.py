@@ -192,6 +192,30 @@ async def test_a_proposal_made_before_any_leader_waits_for_the_election(
         await c.stop()
 
 
+async def test_a_proposal_the_leader_refuses_during_a_transfer_is_forwarded_again(
+    cluster: Cluster,
+) -> None:
+    """A leader refuses proposals while it hands leadership over. A follower that
+    forwarded one is told so and forwards it again, instead of waiting out its
+    timeout; it is applied exactly once."""
+    gid = 1
+    lead = await cluster.leader(gid)
+    target, origin = (n for n in (1, 2, 3) if n != lead)
+    await cluster.put(origin, gid, "warm", "up")
+    # With the transferee down the transfer stays pending for an election timeout
+    # (0.2 s here), and the leader refuses every proposal meanwhile.
+    await cluster.stop_node(target)
+    cluster.nodes[lead].host.transfer_leader(gid, target)
+    assert cluster.nodes[lead].host.group(gid).core.lead_transferee == target
+    payload = msgpack.packb(["moved", "once"])
+    index = await cluster.nodes[origin].host.propose(gid, payload, timeout=2.0)
+    assert isinstance(index, int)
+    for nid in (lead, origin):
+        await cluster.nodes[nid].host.read_barrier(gid)
+        applied = cluster.nodes[nid].sms[gid].applied
+        assert [i for i, key in applied if key == "moved"] == [index]
+
+
 async def test_state_machine_errors_reach_the_proposer(cluster: Cluster) -> None:
     await cluster.leader(1)
     with pytest.raises(ValueError, match="empty key"):
