@@ -179,6 +179,8 @@ class MultiRaftHost(ReadsAndApply):
         self._liveness = PeerLiveness(
             self.config.tick_interval, self.config.tick_interval * self.config.election_ticks)
         self._quiesce = self.config.quiesce and not self.config.lease_read
+        self._next_tick = float("inf")
+        """When the next tick is due (``_ticks_owed``); set when the ticker starts."""
         self.turns = 0
         """Poll-loop rounds that wrote to the log (for metrics and tests)."""
         self.answered = 0
@@ -649,23 +651,49 @@ class MultiRaftHost(ReadsAndApply):
 
     # ------------------------------------------------------------------ poll loop
     async def _ticker(self) -> None:
-        interval = self.config.tick_interval
+        self._next_tick = self._loop.time() + self.config.tick_interval
         while True:
-            await asyncio.sleep(interval)
-            self._expire_waits()
-            for peer in self._peer_nodes:
-                self._transport.send_heartbeat(peer, 0, 0, 0)
-            for g in list(self._active):
-                if self._quiesce and g.core.role == Role.LEADER:
-                    self._maybe_quiesce_leader(g)
-                    if g not in self._active:
-                        continue
+            await asyncio.sleep(max(0.0, self._next_tick - self._loop.time()))
+            self._tick(self._ticks_owed())
+
+    def _ticks_owed(self) -> int:
+        """Ticks due now, and when the next one is.
+
+        Without lease reads a late ticker (a stalled loop, a paused process) ticks
+        once: the time lost stretches every timer, which keeps a busy node from
+        calling elections it does not need. With lease reads every whole interval
+        that passed counts (up to enough to expire any lease and timer): a leader's
+        lease must never outlive the time its process was paused.
+        """
+        now = self._loop.time()
+        if now < self._next_tick:
+            return 0
+        interval = self.config.tick_interval
+        if not self.config.lease_read:
+            self._next_tick = now + interval
+            return 1
+        owed = int((now - self._next_tick) / interval) + 1
+        self._next_tick += owed * interval
+        return min(owed, 2 * self.config.election_ticks + 2)
+
+    def _tick(self, ticks: int) -> None:
+        if ticks <= 0:
+            return
+        self._expire_waits()
+        for peer in self._peer_nodes:
+            self._transport.send_heartbeat(peer, 0, 0, 0)
+        for g in list(self._active):
+            if self._quiesce and g.core.role == Role.LEADER:
+                self._maybe_quiesce_leader(g)
+                if g not in self._active:
+                    continue
+            for _ in range(ticks):
                 g.core.tick()
-                if g.reads_pending or g.core.has_ready():
-                    self._dirty.add(g)
-            self._wake_groups_of_silent_peers()
-            self._transport.flush()
-            self._wake.set()
+            if g.reads_pending or g.core.has_ready():
+                self._dirty.add(g)
+        self._wake_groups_of_silent_peers()
+        self._transport.flush()
+        self._wake.set()
 
     def _wake_groups_of_silent_peers(self) -> None:
         down = self._liveness.newly_down(self._loop.time())
@@ -740,6 +768,10 @@ class MultiRaftHost(ReadsAndApply):
 
     def _start_turn(self) -> tuple[WriteBatch, list[tuple[Group, Ready]]] | None:
         """A turn up to its log write: the batch and readies to finish, or None if done."""
+        if self.config.lease_read and self._loop.time() >= self._next_tick:
+            # Whatever woke a resumed process first (a read, above all) runs after the
+            # ticks it owes, so no lease is judged on a clock that stood still.
+            self._tick(self._ticks_owed())
         if self._flush_forwarded:
             self._flush_forwarded = False
             self._transport.flush()
