@@ -124,8 +124,10 @@ _ENVELOPE = msgpack.Packer(use_bin_type=True)
 
 FORWARD_RETRY_DELAY = 0.01
 """Seconds before a proposal the leader refused (see ``_refuse_forwarded``) is
-forwarded again: long enough for a leadership transfer to finish, short next to a
-client's patience."""
+forwarded again the first time: long enough for a leadership transfer to finish,
+short next to a client's patience. Each further refusal of the same proposal doubles
+the wait, up to ``FORWARD_RETRY_MAX`` (an election can take a while)."""
+FORWARD_RETRY_MAX = 0.2
 
 
 class MultiRaftHost(ReadsAndApply):
@@ -179,6 +181,8 @@ class MultiRaftHost(ReadsAndApply):
         self._liveness = PeerLiveness(
             self.config.tick_interval, self.config.tick_interval * self.config.election_ticks)
         self._quiesce = self.config.quiesce and not self.config.lease_read
+        self._refusals: dict[tuple[int, int], int] = {}
+        """(group, sequence) of our proposals a leader refused -> how many times."""
         self._next_tick = float("inf")
         """When the next tick is due (``_ticks_owed``); set when the ticker starts."""
         self.turns = 0
@@ -361,6 +365,8 @@ class MultiRaftHost(ReadsAndApply):
             return await self._wait(fut, timeout)
         finally:
             g.proposals.pop(seq, None)
+            if self._refusals:
+                self._refusals.pop((group_id, seq), None)
 
     async def _await_leader(self, g: Group, timeout: float | None) -> None:
         """Return once ``g`` knows a leader; ``no leader`` after two election timeouts,
@@ -601,7 +607,10 @@ class MultiRaftHost(ReadsAndApply):
             except (ValueError, TypeError, msgpack.UnpackException):
                 continue
             if origin == self.node_id and seq in g.proposals:
-                self._loop.call_later(FORWARD_RETRY_DELAY, self._forward_again, g, seq, e.data)
+                n = self._refusals.get((g.id, seq), 0)
+                self._refusals[(g.id, seq)] = n + 1
+                delay = min(FORWARD_RETRY_DELAY * 2 ** min(n, 16), FORWARD_RETRY_MAX)
+                self._loop.call_later(delay, self._forward_again, g, seq, e.data)
 
     def _forward_again(self, g: Group, seq: int, data: bytes) -> None:
         """Submit a refused proposal again, to whoever leads now, while its caller waits."""
@@ -611,7 +620,7 @@ class MultiRaftHost(ReadsAndApply):
         try:
             self._submit(g, data)
         except GroupUnavailable:  # no leader yet, or this node leads and still refuses
-            self._loop.call_later(FORWARD_RETRY_DELAY, self._forward_again, g, seq, data)
+            self._loop.call_later(FORWARD_RETRY_MAX, self._forward_again, g, seq, data)
 
     async def _step_snapshot(self, g: Group, msg: Message) -> None:
         """Attach the data of the snapshot file the stream delivered, then step the SNAP."""

@@ -210,6 +210,7 @@ async def test_a_proposal_the_leader_refuses_during_a_transfer_is_forwarded_agai
     payload = msgpack.packb(["moved", "once"])
     index = await cluster.nodes[origin].host.propose(gid, payload, timeout=2.0)
     assert isinstance(index, int)
+    assert not cluster.nodes[origin].host._refusals  # nothing kept once answered
     for nid in (lead, origin):
         await cluster.nodes[nid].host.read_barrier(gid)
         applied = cluster.nodes[nid].sms[gid].applied
