@@ -20,16 +20,13 @@ and when the poll loop is idle the turn runs right there (``_turn_now``) instead
 one loop iteration later in the poll task; a turn that must write hands its write
 to the poll task, which starts no other turn until it is done.
 
-Modules: this one drives the groups (poll loop, proposals, inbound messages,
-membership); ``hostapply.py`` holds the read and apply side (ReadIndex waiters, the
-apply task, snapshots); ``hostgroup.py`` the ``Group`` record and the contracts
-(``StateMachine``, ``Transport``, ``HostConfig``).
-
-Proposals carry an envelope ``[origin node, sequence, payload]``. Any node can
-propose: a follower forwards the envelope to the leader in a ``PROPOSE`` message,
-and the origin answers its client when it applies the entry itself, so no
-separate request/response RPC between nodes is needed. The answer is the state
-machine's return value for that entry (the same on every replica).
+Modules: this one drives the groups (poll loop, ticks, inbound messages, group
+and peer bookkeeping); ``hostpropose.py`` holds the proposing side (proposals from
+any replica, forwarding and refusals, waits, membership changes); ``hostapply.py``
+the read and apply side (ReadIndex waiters, the apply task, snapshots);
+``hostgroup.py`` the ``Group`` record and the contracts (``StateMachine``,
+``Transport``, ``HostConfig``). The answer to a proposal is the state machine's
+return value for its entry (the same on every replica).
 
 Linearizable reads go through ReadIndex: reads that arrive in one turn share
 one ``read_index`` request per group; a read is served once the local applied
@@ -58,21 +55,14 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, TypeVar
-
-import msgpack
+from typing import Any
 
 from accord.raft.codec import SnapshotPiece
 from accord.raft.confchange import (
-    ConfChange,
-    ConfChangeError,
-    ConfChangeType,
     members,
-    validate,
 )
 from accord.raft.core import Config as CoreConfig
 from accord.raft.core import RaftCore
-from accord.raft.hostapply import ReadsAndApply
 from accord.raft.hostgroup import (
     ApplyError,
     FileSource,
@@ -83,6 +73,7 @@ from accord.raft.hostgroup import (
     StateMachine,
     Transport,
 )
+from accord.raft.hostpropose import Proposals
 from accord.raft.quiesce import (
     QUIESCE_CONTEXT,
     PeerLiveness,
@@ -93,12 +84,9 @@ from accord.raft.snapshot import SnapshotReceiver, SnapshotStore
 from accord.raft.types import (
     NO_NODE,
     ConfState,
-    Entry,
-    EntryType,
     Message,
     MessageType,
     PersistentState,
-    ProposalDropped,
     Ready,
     Role,
     Snapshot,
@@ -117,20 +105,12 @@ __all__ = [
 ]
 
 log = logging.getLogger("accord.raft.host")
-T = TypeVar("T")
 
 
-_ENVELOPE = msgpack.Packer(use_bin_type=True)
-
-FORWARD_RETRY_DELAY = 0.01
-"""Seconds before a proposal the leader refused (see ``_refuse_forwarded``) is
-forwarded again the first time: long enough for a leadership transfer to finish,
-short next to a client's patience. Each further refusal of the same proposal doubles
-the wait, up to ``FORWARD_RETRY_MAX`` (an election can take a while)."""
-FORWARD_RETRY_MAX = 0.2
 
 
-class MultiRaftHost(ReadsAndApply):
+
+class MultiRaftHost(Proposals):
     """Drives every Raft group of one node (see the module docstring)."""
 
     def __init__(
@@ -160,8 +140,9 @@ class MultiRaftHost(ReadsAndApply):
         self._tasks: list[asyncio.Task[None]] = []
         self._receivers: dict[tuple[int, int, int], SnapshotReceiver] = {}
         self._snapshot_loads: set[asyncio.Task[None]] = set()
-        self._flush_forwarded = False
         """Tasks reading a received snapshot file before its SNAP is stepped."""
+        self._flush_forwarded = False
+        """Proposals were forwarded this turn: the turn flushes the transport."""
         self._turning = False
         """A turn is under way (its log write in flight): no other may start."""
         self._held_write: tuple[WriteBatch, list[tuple[Group, Ready]]] | None = None
@@ -239,10 +220,6 @@ class MultiRaftHost(ReadsAndApply):
                 self._peer_nodes.add(n)
 
     # ------------------------------------------------------------------ quiescence
-    def _activate(self, g: Group) -> None:
-        g.idle_ticks = 0
-        self._active.add(g)
-
     @property
     def active_groups(self) -> int:
         """How many groups tick now (the rest are quiesced)."""
@@ -340,85 +317,6 @@ class MultiRaftHost(ReadsAndApply):
         return self._fatal
 
     # ------------------------------------------------------------------ client API
-    async def propose(self, group_id: int, payload: bytes, timeout: float | None = None) -> object:
-        """Replicate ``payload`` in the group and return the state machine's answer."""
-        g = self._groups[group_id]
-        self._check_alive()
-        self._seq += 1
-        seq = self._seq
-        data = _ENVELOPE.pack((self.node_id, seq, payload))
-        fut: asyncio.Future[object] = self._loop.create_future()
-        g.proposals[seq] = fut
-        try:
-            try:
-                self._submit(g, data)
-            except GroupUnavailable as e:
-                if e.reason != "no leader":
-                    raise
-                # A group between leaders (at start, after a crash) elects within an
-                # election timeout or two: wait that long rather than fail at once.
-                start = self._loop.time()
-                await self._await_leader(g, timeout)
-                self._submit(g, data)
-                if timeout is not None:
-                    timeout = max(0.0, timeout - (self._loop.time() - start))
-            return await self._wait(fut, timeout)
-        finally:
-            g.proposals.pop(seq, None)
-            if self._refusals:
-                self._refusals.pop((group_id, seq), None)
-
-    async def _await_leader(self, g: Group, timeout: float | None) -> None:
-        """Return once ``g`` knows a leader; ``no leader`` after two election timeouts,
-        or after ``timeout`` when the caller gave one (its whole budget)."""
-        cfg = self.config
-        wait = 2 * cfg.tick_interval * cfg.election_ticks if timeout is None else timeout
-        deadline = self._loop.time() + wait
-        self._activate(g)
-        while g.core.leader_id == NO_NODE:
-            self._check_alive()
-            if self._loop.time() >= deadline:
-                raise GroupUnavailable("no leader")
-            await asyncio.sleep(cfg.tick_interval)
-
-    async def _wait(self, fut: asyncio.Future[T], timeout: float | None) -> T:
-        """Await ``fut``; past the timeout it fails with ``request timed out``."""
-        if timeout is None:
-            self._expiry.append((self._loop.time() + self.config.request_timeout, fut))
-            return await fut
-        try:
-            async with asyncio.timeout(timeout):
-                return await fut
-        except TimeoutError:
-            raise GroupUnavailable("request timed out") from None
-
-    def _expire_waits(self) -> None:
-        now = self._loop.time()
-        q = self._expiry
-        while q and q[0][0] <= now:
-            _, fut = q.popleft()
-            if not fut.done():
-                fut.set_exception(GroupUnavailable("request timed out"))
-
-    def _submit(self, g: Group, data: bytes) -> None:
-        self._activate(g)
-        core = g.core
-        if core.role == Role.LEADER:
-            try:
-                core.propose(data)
-            except ProposalDropped as e:
-                raise GroupUnavailable(_transient(str(e))) from None
-            self._mark(g)
-            return
-        leader = core.leader_id
-        if leader == NO_NODE:
-            raise GroupUnavailable("no leader")
-        msg = Message(MessageType.PROPOSE, to=leader, frm=self.node_id, term=core.term,
-                      entries=[Entry(0, 0, EntryType.NORMAL, data)])
-        self._transport.send(leader, g.id, msg)
-        self._flush_forwarded = True  # one flush per turn for every forwarded proposal
-        self._wake.set()
-
     async def read_barrier(self, group_id: int, timeout: float | None = None) -> None:
         """Wait until a linearizable read of the group may be served locally."""
         g = self._groups[group_id]
@@ -443,66 +341,7 @@ class MultiRaftHost(ReadsAndApply):
         g.core.campaign()
         self._mark(g)
 
-    def _check_alive(self) -> None:
-        if self._fatal is not None:
-            raise GroupUnavailable("request timed out")
-
     # ------------------------------------------------------------------ membership
-    async def propose_conf_change(
-        self, group_id: int, cc: ConfChange, timeout: float | None = None
-    ) -> ConfState:
-        """Change the group's membership; returns the membership once this node applied it.
-
-        Any replica may call it: a follower forwards the change to the leader. Conf
-        entries carry no reply envelope, so "done" is judged on this node's applied
-        membership (every add/remove of ``cc`` visible there), and the change is
-        proposed again while it is not (a forwarded proposal may be lost, a leader
-        may refuse one while another change is pending). Idempotent: a change already
-        in force returns at once. Raises ``ConfChangeError`` for a change the current
-        membership does not allow, ``GroupUnavailable`` when time runs out.
-        """
-        g = self._groups[group_id]
-        self._check_alive()
-        validate(cc)  # ids and duplicates: refused here whoever leads
-        deadline = self._loop.time() + (self.config.request_timeout if timeout is None
-                                        else timeout)
-        retry = self.config.tick_interval * self.config.election_ticks
-        while not _conf_done(g.core.conf_state, cc):
-            self._check_alive()
-            self._submit_conf_change(g, cc)
-            left = deadline - self._loop.time()
-            if left <= 0:
-                raise GroupUnavailable("request timed out")
-            waiter: asyncio.Future[None] = self._loop.create_future()
-            g.conf_waiters.append(waiter)
-            try:
-                async with asyncio.timeout(min(left, retry)):
-                    await waiter
-            except TimeoutError:
-                with contextlib.suppress(ValueError):
-                    g.conf_waiters.remove(waiter)
-        return g.core.conf_state
-
-    def _submit_conf_change(self, g: Group, cc: ConfChange) -> None:
-        self._activate(g)
-        core = g.core
-        if core.role == Role.LEADER:
-            try:
-                core.propose_conf_change(cc)  # ConfChangeError goes to the caller
-            except ProposalDropped as e:
-                log.debug("group %d: conf change deferred: %s", g.id, e)
-                return
-            self._mark(g)
-            return
-        leader = core.leader_id
-        if leader == NO_NODE:
-            return  # retried after an election
-        msg = Message(MessageType.PROPOSE, to=leader, frm=self.node_id, term=core.term,
-                      entries=[Entry(0, 0, EntryType.CONF_CHANGE, cc.encode())])
-        self._transport.send(leader, g.id, msg)
-        self._flush_forwarded = True
-        self._wake.set()
-
     async def compact_now(self, group_id: int, timeout: float = 5.0) -> int:
         """Make sure the group's log was compacted once; returns the snapshot index.
 
@@ -562,65 +401,6 @@ class MultiRaftHost(ReadsAndApply):
             self._dirty.add(g)
         if self._dirty:
             self._turn_now()
-
-    def _handle_forwarded(self, g: Group, msg: Message) -> None:
-        if g.core.role != Role.LEADER:
-            self._refuse_forwarded(g, msg, msg.entries)
-            return
-        for i, e in enumerate(msg.entries):
-            try:
-                if e.type == EntryType.CONF_CHANGE:
-                    g.core.propose_conf_change(ConfChange.decode(e.data))
-                else:
-                    g.core.propose(e.data)
-            except ConfChangeError as exc:  # the origin sees no change and retries or gives up
-                log.info("group %d: forwarded conf change from node %d refused: %s",
-                         g.id, msg.frm, exc)
-            except ProposalDropped:  # a transfer under way, or too much uncommitted
-                self._refuse_forwarded(g, msg, msg.entries[i:])
-                break
-        self._mark(g)
-
-    def _refuse_forwarded(self, g: Group, msg: Message, entries: list[Entry]) -> None:
-        """Tell the origin that these forwarded proposals were not appended.
-
-        Without the answer the origin would wait out its whole request timeout (a
-        leadership transfer refuses proposals for a moment, and leader balancing
-        transfers routinely). Nothing refused was appended, so forwarding it again
-        cannot apply it twice. Conf changes are left out: their proposer already
-        proposes again until the change shows (``propose_conf_change``).
-        """
-        normal = [e for e in entries if e.type == EntryType.NORMAL]
-        if not normal:
-            return
-        self._transport.send(msg.frm, g.id, Message(
-            MessageType.PROPOSE, to=msg.frm, frm=self.node_id, term=g.core.term,
-            entries=normal, reject=True))
-        self._flush_forwarded = True
-        self._wake.set()
-
-    def _forward_refused(self, g: Group, msg: Message) -> None:
-        """Our forwarded proposals came back unappended: submit each again shortly."""
-        for e in msg.entries:
-            try:
-                origin, seq, _ = msgpack.unpackb(e.data, raw=False)
-            except (ValueError, TypeError, msgpack.UnpackException):
-                continue
-            if origin == self.node_id and seq in g.proposals:
-                n = self._refusals.get((g.id, seq), 0)
-                self._refusals[(g.id, seq)] = n + 1
-                delay = min(FORWARD_RETRY_DELAY * 2 ** min(n, 16), FORWARD_RETRY_MAX)
-                self._loop.call_later(delay, self._forward_again, g, seq, e.data)
-
-    def _forward_again(self, g: Group, seq: int, data: bytes) -> None:
-        """Submit a refused proposal again, to whoever leads now, while its caller waits."""
-        fut = g.proposals.get(seq)
-        if fut is None or fut.done() or self._halted or self._fatal is not None:
-            return
-        try:
-            self._submit(g, data)
-        except GroupUnavailable:  # no leader yet, or this node leads and still refuses
-            self._loop.call_later(FORWARD_RETRY_MAX, self._forward_again, g, seq, data)
 
     async def _step_snapshot(self, g: Group, msg: Message) -> None:
         """Attach the data of the snapshot file the stream delivered, then step the SNAP."""
@@ -949,26 +729,3 @@ class MultiRaftHost(ReadsAndApply):
             self._mark(g)
 
         self._transport.start_snapshot(peer, g.id, info.meta, source, done)
-
-def _conf_done(cs: ConfState, cc: ConfChange) -> bool:
-    """Whether every single change of ``cc`` is in force in ``cs`` (and it is not joint)."""
-    if cs.voters_outgoing:
-        return False
-    for c in cc.changes:
-        if c.type == ConfChangeType.ADD_VOTER and c.node_id not in cs.voters:
-            return False
-        if c.type == ConfChangeType.ADD_LEARNER and c.node_id not in cs.learners:
-            return False
-        if c.type == ConfChangeType.REMOVE_NODE and (
-                c.node_id in cs.voters or c.node_id in cs.learners):
-            return False
-    return True
-
-
-def _transient(reason: str) -> str:
-    """Map a core refusal to the etcd error a client retries on."""
-    if "no leader" in reason:
-        return "no leader"
-    if "transfer" in reason:
-        return "leader changed"
-    return "leader changed" if "not leader" in reason else "request timed out"
