@@ -47,7 +47,7 @@ from accord.config import Config, ConfigError, load_config
 from accord.grpc_server import AccordGrpcServer, ServerOptions, build_server
 from accord.node_backend import KV_GROUP, ReplicatedBackend, kv_group
 from accord.node_members import META_GROUP, MemberChanges, add_debug_service
-from accord.raft.balance import plan_transfer
+from accord.raft.balance import plan_moves
 from accord.raft.host import GroupUnavailable, HostConfig, MultiRaftHost
 from accord.raft.snapshot import SnapshotStore
 from accord.raft.transport import PeerTransport
@@ -241,20 +241,25 @@ class Node:
                 log.info("lease maintenance deferred: %s", e.message)
 
     async def _balance_loop(self) -> None:
-        """Hand one leadership at a time to a less loaded voter (see ``balance.py``)."""
+        """Move leaderships toward the nodes their requests arrive at, else spread them
+        evenly, one move at a time (see ``balance.py``)."""
+        self.host.take_loads()
         while True:
             await asyncio.sleep(self.config.leader_balance_interval / 1000)
             groups = self.host.groups
             gone = self.cluster.removed  # still voters until their groups drop them
-            plan = plan_transfer(
+            moves = plan_moves(
                 self.member_id,
                 {gid: g.core.leader_id for gid, g in groups.items()},
                 {gid: tuple(v for v in g.core.conf_state.voters if v not in gone)
                  for gid, g in groups.items()},
+                self.host.take_loads(),
+                min_requests=self.config.leader_follow_requests,
             )
-            if plan is not None and self.transport.connected(plan[1]):
-                log.info("moving leadership of group %d to node %x", plan[0], plan[1])
-                self.host.transfer_leader(*plan)
+            for gid, target in moves:
+                if self.transport.connected(target):
+                    log.info("moving leadership of group %d to node %x", gid, target)
+                    self.host.transfer_leader(gid, target)
 
     async def _progress_loop(self) -> None:
         while True:

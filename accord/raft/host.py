@@ -363,6 +363,17 @@ class MultiRaftHost(Proposals):
                 raise GroupUnavailable("request timed out")
             await asyncio.sleep(self.config.tick_interval / 2)
 
+    def take_loads(self) -> dict[int, dict[int, int]]:
+        """Each group's requests by arrival node since the last call (``Group.load``),
+        for the groups this node leads now; every count starts again from zero."""
+        loads = {}
+        for gid, g in self._groups.items():
+            if g.load:
+                if g.core.role == Role.LEADER:
+                    loads[gid] = g.load
+                g.load = {}
+        return loads
+
     def forget_peer(self, node: int) -> None:
         """Stop sending node-level heartbeats to ``node`` (it left every group)."""
         self._peer_nodes.discard(node)
@@ -385,6 +396,8 @@ class MultiRaftHost(Proposals):
                 else:
                     self._handle_forwarded(g, msg)
                 continue
+            if msg.type == MessageType.READ_INDEX and g.core.role == Role.LEADER:
+                g.load[msg.frm] = g.load.get(msg.frm, 0) + 1
             if msg.type == MessageType.APP and msg.index == 0 and not g.core.conf_state.voters:
                 # A joining replica knows no membership yet: replaying the log from
                 # index 1 would skip every conf change (confchange.apply_conf_change), so

@@ -60,8 +60,11 @@ class ReadsAndApply:
             # the reads stay pending and are retried every tick until they time out.
             log.debug("group %d: read deferred: %s", g.id, e)
             return
-        g.reads_issued[ctx] = (g.core.leader_id, g.reads_pending)
+        leader = g.core.leader_id
+        g.reads_issued[ctx] = (leader, g.reads_pending)
         g.reads_pending = []
+        if leader == self.node_id:
+            g.load[leader] = g.load.get(leader, 0) + 1
 
     def _release_reads(self, g: Group) -> None:
         keep: list[ReadWaiter] = []

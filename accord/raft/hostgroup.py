@@ -125,6 +125,9 @@ class Group:
     """Woken when the membership this node applied changes (``propose_conf_change``)."""
     snapshot_busy: bool = False
     """A snapshot of this group is being written (one at a time)."""
+    load: dict[int, int] = field(default_factory=dict)
+    """While this node leads: requests (proposals, ReadIndex rounds) by the node they
+    arrived at, since ``MultiRaftHost.take_loads`` last took them (leader balancing)."""
     saved_vote: tuple[int, int] = (0, 0)
     """Term and vote of the last hard state written to the log."""
     want_compaction: bool = False

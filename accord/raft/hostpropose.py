@@ -139,6 +139,7 @@ class Proposals(ReadsAndApply):
                 core.propose(data)
             except ProposalDropped as e:
                 raise GroupUnavailable(_transient(str(e))) from None
+            g.load[self.node_id] = g.load.get(self.node_id, 0) + 1
             self._mark(g)
             return
         leader = core.leader_id
@@ -215,6 +216,7 @@ class Proposals(ReadsAndApply):
         if g.core.role != Role.LEADER:
             self._refuse_forwarded(g, msg, msg.entries)
             return
+        g.load[msg.frm] = g.load.get(msg.frm, 0) + len(msg.entries)
         for i, e in enumerate(msg.entries):
             try:
                 if e.type == EntryType.CONF_CHANGE:

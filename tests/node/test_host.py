@@ -217,6 +217,26 @@ async def test_a_proposal_the_leader_refuses_during_a_transfer_is_forwarded_agai
         assert [i for i, key in applied if key == "moved"] == [index]
 
 
+async def test_a_leader_counts_requests_by_the_member_they_arrived_at(cluster: Cluster) -> None:
+    """Leader balancing follows these counts: proposals and ReadIndex rounds made on the
+    leader count for it, forwarded ones for the member that forwarded them; a follower
+    counts nothing, and taking the counts starts them again."""
+    gid = 1
+    lead = await cluster.leader(gid)
+    origin = next(n for n in (1, 2, 3) if n != lead)
+    for host in (cluster.nodes[n].host for n in (1, 2, 3)):
+        host.take_loads()
+    for i in range(3):
+        await cluster.put(origin, gid, "k", str(i))
+    await cluster.put(lead, gid, "k", "local")
+    await cluster.nodes[origin].host.read_barrier(gid)
+    await cluster.nodes[lead].host.read_barrier(gid)
+    loads = cluster.nodes[lead].host.take_loads()
+    assert loads[gid] == {origin: 4, lead: 2}
+    assert gid not in cluster.nodes[origin].host.take_loads()
+    assert gid not in cluster.nodes[lead].host.take_loads()
+
+
 async def test_state_machine_errors_reach_the_proposer(cluster: Cluster) -> None:
     await cluster.leader(1)
     with pytest.raises(ValueError, match="empty key"):
