@@ -656,7 +656,7 @@ class MultiRaftHost(Proposals):
     def _after_persist(self, g: Group, rd: Ready) -> None:
         if rd.soft_state is not None:
             self._activate(g)
-            self._fail_reads(g, keep_leader=rd.soft_state.leader)
+            self._reissue_reads(g, rd.soft_state.leader)
             for cb in g.leader_listeners:
                 cb(g.id, rd.soft_state.leader)
         if rd.snapshot is not None:

@@ -76,13 +76,27 @@ class ReadsAndApply:
                 keep.append(w)
         g.reads_waiting = keep
 
-    def _fail_reads(self, g: Group, keep_leader: int = NO_NODE) -> None:
-        """Fail the ReadIndex requests sent to a leader other than ``keep_leader``."""
-        err = GroupUnavailable("leader changed")
+    def _reissue_reads(self, g: Group, new_leader: int) -> None:
+        """Send the ReadIndex requests a former leader left unanswered to ``new_leader``.
+
+        A read may be confirmed at any point after it arrived, so asking the next
+        leader is as linearizable as the first answer would have been; the reads wait
+        (pending, within their timeout) while no leader is known. Failing them instead
+        would turn every leadership change into client errors.
+        """
         for ctx, (leader, futs) in list(g.reads_issued.items()):
-            if leader != keep_leader or leader == NO_NODE:
-                self._fail_futures(futs, err)
+            if leader != new_leader or leader == NO_NODE:
                 del g.reads_issued[ctx]
+                g.reads_pending.extend(f for f in futs if not f.done())
+        if g.reads_pending:
+            self._mark(g)
+
+    def _fail_reads(self, g: Group) -> None:
+        """Fail every ReadIndex request still waiting for an answer."""
+        err = GroupUnavailable("leader changed")
+        for _leader, futs in g.reads_issued.values():
+            self._fail_futures(futs, err)
+        g.reads_issued.clear()
 
     @staticmethod
     def _fail_futures(futs: Iterable[asyncio.Future[None]], err: BaseException) -> None:

@@ -10,7 +10,8 @@ the origin answers its client when it applies the entry itself, so no separate
 request/response RPC between nodes is needed. A leader that cannot take a forwarded
 proposal (a leadership transfer under way, too much uncommitted, or it leads no more)
 sends it back refused and unappended; the origin forwards it again shortly, backing
-off while refusals go on. Membership changes (``propose_conf_change``) are proposed
+off while refusals go on. A leader's own proposals refused during a transfer are
+submitted again the same way, so leader balancing costs clients a pause, not an error. Membership changes (``propose_conf_change``) are proposed
 again until this node has applied them.
 """
 
@@ -84,6 +85,11 @@ class Proposals(ReadsAndApply):
             try:
                 self._submit(g, data)
             except GroupUnavailable as e:
+                if g.core.role == Role.LEADER and g.core.lead_transferee != NO_NODE:
+                    # Refused while handing leadership over: submit again once the
+                    # transfer is done (to the new leader) or abandoned (here).
+                    self._retry_later(g, seq, data)
+                    return await self._wait(fut, timeout)
                 if e.reason != "no leader":
                     raise
                 # A group between leaders (at start, after a crash) elects within an
@@ -257,10 +263,14 @@ class Proposals(ReadsAndApply):
             except (ValueError, TypeError, msgpack.UnpackException):
                 continue
             if origin == self.node_id and seq in g.proposals:
-                n = self._refusals.get((g.id, seq), 0)
-                self._refusals[(g.id, seq)] = n + 1
-                delay = min(FORWARD_RETRY_DELAY * 2 ** min(n, 16), FORWARD_RETRY_MAX)
-                self._loop.call_later(delay, self._forward_again, g, seq, e.data)
+                self._retry_later(g, seq, e.data)
+
+    def _retry_later(self, g: Group, seq: int, data: bytes) -> None:
+        """Submit a refused proposal again after a pause that doubles per refusal."""
+        n = self._refusals.get((g.id, seq), 0)
+        self._refusals[(g.id, seq)] = n + 1
+        delay = min(FORWARD_RETRY_DELAY * 2 ** min(n, 16), FORWARD_RETRY_MAX)
+        self._loop.call_later(delay, self._forward_again, g, seq, data)
 
     def _forward_again(self, g: Group, seq: int, data: bytes) -> None:
         """Submit a refused proposal again, to whoever leads now, while its caller waits."""
@@ -270,7 +280,7 @@ class Proposals(ReadsAndApply):
         try:
             self._submit(g, data)
         except GroupUnavailable:  # no leader yet, or this node leads and still refuses
-            self._loop.call_later(FORWARD_RETRY_MAX, self._forward_again, g, seq, data)
+            self._retry_later(g, seq, data)
 
 
 def _conf_done(cs: ConfState, cc: ConfChange) -> bool:

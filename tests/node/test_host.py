@@ -217,6 +217,42 @@ async def test_a_proposal_the_leader_refuses_during_a_transfer_is_forwarded_agai
         assert [i for i, key in applied if key == "moved"] == [index]
 
 
+async def test_a_proposal_made_on_a_leader_handing_over_waits_for_the_new_leader(
+    cluster: Cluster,
+) -> None:
+    """A leader refuses new entries while it hands leadership over (leader balancing
+    does so routinely). Its own clients' proposals wait for the outcome instead of
+    failing with "leader changed"; each is applied exactly once."""
+    gid = 1
+    lead = await cluster.leader(gid)
+    target = next(n for n in (1, 2, 3) if n != lead)
+    await cluster.put(lead, gid, "warm", "up")
+    await cluster.stop_node(target)  # the transfer stays pending for an election timeout
+    cluster.nodes[lead].host.transfer_leader(gid, target)
+    assert cluster.nodes[lead].host.group(gid).core.lead_transferee == target
+    payload = msgpack.packb(["during", "transfer"])
+    index = await cluster.nodes[lead].host.propose(gid, payload, timeout=2.0)
+    await cluster.nodes[lead].host.read_barrier(gid)
+    applied = cluster.nodes[lead].sms[gid].applied
+    assert [i for i, key in applied if key == "during"] == [index]
+
+
+async def test_a_read_whose_leader_is_lost_is_confirmed_by_the_next_one(cluster: Cluster) -> None:
+    """A ReadIndex request sent to a leader that dies unanswered is sent again to the
+    next leader (a read may be confirmed at any point after it arrived), rather than
+    failing with "leader changed"; it then sees every acknowledged write."""
+    gid = 1
+    lead = await cluster.leader(gid)
+    follower = next(n for n in (1, 2, 3) if n != lead)
+    await cluster.put(lead, gid, "x", "acknowledged")
+    await cluster.stop_node(lead)
+    # The follower still believes in the old leader: its request goes unanswered.
+    assert cluster.nodes[follower].host.group(gid).core.leader_id == lead
+    await cluster.nodes[follower].host.read_barrier(gid, timeout=3.0)
+    assert cluster.nodes[follower].host.group(gid).core.leader_id not in (lead, 0)
+    assert cluster.nodes[follower].sms[gid].data["x"] == "acknowledged"
+
+
 async def test_a_leader_counts_requests_by_the_member_they_arrived_at(cluster: Cluster) -> None:
     """Leader balancing follows these counts: proposals and ReadIndex rounds made on the
     leader count for it, forwarded ones for the member that forwarded them; a follower
