@@ -253,6 +253,20 @@ async def test_a_read_whose_leader_is_lost_is_confirmed_by_the_next_one(cluster:
     assert cluster.nodes[follower].sms[gid].data["x"] == "acknowledged"
 
 
+async def test_a_read_still_waiting_when_its_node_stops_fails_cleanly(cluster: Cluster) -> None:
+    gid = 1
+    lead = await cluster.leader(gid)
+    follower = next(n for n in (1, 2, 3) if n != lead)
+    await cluster.stop_node(lead)
+    host = cluster.nodes[follower].host
+    read = asyncio.ensure_future(host.read_barrier(gid, timeout=3.0))
+    while not host.group(gid).reads_issued:  # sent to the dead leader
+        await asyncio.sleep(0.001)
+    await cluster.stop_node(follower)
+    with pytest.raises(GroupUnavailable):
+        await read
+
+
 async def test_a_leader_counts_requests_by_the_member_they_arrived_at(cluster: Cluster) -> None:
     """Leader balancing follows these counts: proposals and ReadIndex rounds made on the
     leader count for it, forwarded ones for the member that forwarded them; a follower
