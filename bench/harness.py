@@ -297,12 +297,23 @@ class NullServer(Cluster):
 
     kind = "null"
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root, 1)
+    def __init__(self, root: Path, n: int = 1) -> None:
+        super().__init__(root, n)
 
     def argv(self, m: Member) -> list[str]:
+        peers = ",".join(f"{HOST}:{x.peer_port}" for x in self.members if x is not m)
         return [sys.executable, str(Path(__file__).with_name("nullserver.py")),
-                "--listen", m.endpoint]
+                "--listen", m.endpoint, "--udp", str(m.peer_port), "--peers", peers]
+
+
+class NullFanout(NullServer):
+    """Three do-nothing servers passing each Put's watch event to each other: the floor
+    of watch delivery for accord's front-end design (``bench/nullserver.py``)."""
+
+    kind = "nullw"
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, 3)
 
 
 class Harness:
@@ -331,6 +342,11 @@ class Harness:
 
     def null(self) -> NullServer:
         c = NullServer(self.root)
+        self.add(c)
+        return c
+
+    def null_fanout(self) -> NullFanout:
+        c = NullFanout(self.root)
         self.add(c)
         return c
 

@@ -11,7 +11,9 @@ system goes first) and reports medians over the rounds:
   and release at 16; watch fan-out (one writer, 1,000 watchers: delivery latency);
   lease keepalives (10,000 leases, 64 streams);
 * put and get also on the do-nothing server: the ceiling of this front end with this
-  client on this CPU, so accord reads as a fraction of it;
+  client on this CPU, so accord reads as a fraction of it; watch on three do-nothing
+  servers that pass each Put's event to each other's watch streams (no consensus, no
+  store): the floor of watch delivery latency for this front end;
 * memory: on a fresh etcd and a fresh accord (after the rounds), resident size (VmRSS)
   of every member before and after loading ``--mem-keys`` distinct 256-byte keys
   (default 50,000, not a million, to keep the run short), extrapolated linearly to MiB
@@ -48,13 +50,13 @@ from bench.profiling import hot_spots, py_spy, record  # noqa: E402
 
 DEFAULT_CELLS = ("put:1,put:16,put:256,get:1,get:256,sget:256,txn:16,mixed:64,lock:16,"
                  "watch:1000,lease:64")
-NULL_WORKLOADS = {"put", "get"}
+NULL_WORKLOADS = {"put", "get", "watch"}
 MIB = 1 << 20
 
 
 def ordered_endpoints(c: Cluster) -> list[str]:
     """The cluster's endpoints, leader first."""
-    if len(c.members) == 1:
+    if len(c.members) == 1 or c.kind.startswith("null"):
         return c.endpoints
     lead = c.leader().endpoint
     return [lead, *(e for e in c.endpoints if e != lead)]
@@ -152,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     with Harness(keep=args.keep) as h, LoadGen(args.workers) as lg:
         systems: dict[str, Cluster] = {"etcd": h.etcd(), "accord": h.accord(extra=tuple(args.accord_args.split())),
                                        "null": h.null()}
+        if any(cell.startswith("watch") for cell in cells):
+            systems["null fan-out"] = h.null_fanout()
         for rep in range(args.reps):
             for i, cell in enumerate(cells):
                 order = ["etcd", "accord", "null"]
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name in order:
                     if name == "null" and cell.partition(":")[0] not in NULL_WORKLOADS:
                         continue
-                    c = systems[name]
+                    c = systems["null fan-out" if name == "null" and cell.startswith("watch") else name]
                     r = lg.run(spec_for(cell, ordered_endpoints(c), args, name, rep))
                     results.setdefault((cell, name), []).append(r)
                     print(f"  round {rep + 1} {cell:<10} {name:<6} {r.ops_s:9.0f} ops/s "
@@ -211,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         n_ratio = a.get("ops_s", nan) / n["ops_s"] if n.get("ops_s") else nan
         ratios[f"{cell}/throughput"] = round(t_ratio, 3)
         ratios[f"{cell}/p99"] = round(p_ratio, 3)
-        if n:
+        if n and cell.startswith("watch"):  # the floor's delivery latency, not its rate
+            n_ratio = nan
+            ratios[f"{cell}/null_p99"] = round(n["p99_ms"] / e["p99_ms"], 3) if e.get("p99_ms") else nan
+            ratios[f"{cell}/p99_of_null"] = round(a.get("p99_ms", nan) / n["p99_ms"], 3)
+        elif n:
             ratios[f"{cell}/of_null"] = round(n_ratio, 3)
         row["ratios"] = {"throughput": t_ratio, "p99": p_ratio, "of_null": n_ratio}
         table[cell] = row
@@ -220,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(n.get('ops_s', nan), 0):>11}{fmt(t_ratio):>9}{fmt(p_ratio):>8}"
               f"{fmt(n_ratio):>7}")
     print("(watch: ops/s = events delivered/s, p99 = delivery latency; lease: keepalives/s)")
+    for cell in cells:
+        n = table[cell].get("null")
+        if cell.startswith("watch") and n:
+            print(f"{cell}: do-nothing fan-out (3 servers passing each Put's event on, no "
+                  f"consensus, no store): p99 {fmt(n['p99_ms'])} ms = "
+                  f"{fmt(ratios.get(f'{cell}/null_p99', float('nan')))}x etcd's; accord "
+                  f"{fmt(ratios.get(f'{cell}/p99_of_null', float('nan')))}x the do-nothing")
     if memory:
         print(f"\nmemory, {args.mem_keys} keys of 256 B loaded (extrapolated linearly to 1M):")
         for name, m in memory.items():
