@@ -316,6 +316,22 @@ class NullFanout(NullServer):
         super().__init__(root, 3)
 
 
+class NullQuorum(Cluster):
+    """Three do-nothing quorum servers (``bench/nullquorum.py``): the floor of a replicated
+    durable write and of a quorum-confirmed read for accord's front-end design."""
+
+    kind = "nullq"
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, 3)
+
+    def argv(self, m: Member) -> list[str]:
+        peers = ",".join(f"{HOST}:{x.peer_port}" for x in self.members if x is not m)
+        return [sys.executable, str(Path(__file__).with_name("nullquorum.py")),
+                "--listen", m.endpoint, "--udp", str(m.peer_port), "--peers", peers,
+                "--data-dir", str(m.data_dir)]
+
+
 class Harness:
     """Owns a temp dir and every cluster started in it; ends them all on exit."""
 
@@ -342,6 +358,11 @@ class Harness:
 
     def null(self) -> NullServer:
         c = NullServer(self.root)
+        self.add(c)
+        return c
+
+    def null_quorum(self) -> NullQuorum:
+        c = NullQuorum(self.root)
         self.add(c)
         return c
 

@@ -13,7 +13,10 @@ system goes first) and reports medians over the rounds:
 * put and get also on the do-nothing server: the ceiling of this front end with this
   client on this CPU, so accord reads as a fraction of it; watch on three do-nothing
   servers that pass each Put's event to each other's watch streams (no consensus, no
-  store): the floor of watch delivery latency for this front end;
+  store): the floor of watch delivery latency for this front end; put:1 and get:1 on
+  three do-nothing quorum servers (``bench/nullquorum.py``: a write durable on two of
+  three, a read confirmed by a quorum round, nothing else): the floor of a replicated
+  store of this front-end design, so accord and etcd read as multiples of it;
 * memory: on a fresh etcd and a fresh accord (after the rounds), resident size (VmRSS)
   of every member before and after loading ``--mem-keys`` distinct 256-byte keys
   (default 50,000, not a million, to keep the run short), extrapolated linearly to MiB
@@ -51,6 +54,8 @@ from bench.profiling import hot_spots, py_spy, record  # noqa: E402
 DEFAULT_CELLS = ("put:1,put:16,put:256,get:1,get:256,sget:256,txn:16,mixed:64,lock:16,"
                  "watch:1000,lease:64")
 NULL_WORKLOADS = {"put", "get", "watch"}
+FLOOR_CELLS = {"put:1", "get:1"}
+"""Cells also run on the do-nothing quorum servers (``bench/nullquorum.py``)."""
 MIB = 1 << 20
 
 
@@ -70,7 +75,7 @@ def spec_for(cell: str, eps: list[str], args: argparse.Namespace, system: str, r
                     tag=f"r{rep}")
     if workload == "lease":
         return Spec("lease", eps, num, args.duration, leases=args.leases, tag=f"r{rep}")
-    return Spec(workload, eps, num, args.duration, tag=f"r{rep}", check=system != "null")
+    return Spec(workload, eps, num, args.duration, tag=f"r{rep}", check=system not in ("null", "floor"))
 
 
 def median(values: list[float]) -> float:
@@ -156,13 +161,17 @@ def main(argv: list[str] | None = None) -> int:
                                        "null": h.null()}
         if any(cell.startswith("watch") for cell in cells):
             systems["null fan-out"] = h.null_fanout()
+        if FLOOR_CELLS.intersection(cells):
+            systems["floor"] = h.null_quorum()
         for rep in range(args.reps):
             for i, cell in enumerate(cells):
-                order = ["etcd", "accord", "null"]
+                order = ["etcd", "accord", "null", "floor"]
                 if (rep + i) % 2:
                     order.reverse()
                 for name in order:
                     if name == "null" and cell.partition(":")[0] not in NULL_WORKLOADS:
+                        continue
+                    if name == "floor" and cell not in FLOOR_CELLS:
                         continue
                     c = systems["null fan-out" if name == "null" and cell.startswith("watch") else name]
                     r = lg.run(spec_for(cell, ordered_endpoints(c), args, name, rep))
@@ -201,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, float] = {}
     for cell in cells:
         row: dict[str, Any] = {}
-        for name in ("etcd", "accord", "null"):
+        for name in ("etcd", "accord", "null", "floor"):
             rs = results.get((cell, name))
             if rs:
                 row[name] = {"ops_s": median([r.ops_s for r in rs]),
@@ -221,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             ratios[f"{cell}/p99_of_null"] = round(a.get("p99_ms", nan) / n["p99_ms"], 3)
         elif n:
             ratios[f"{cell}/of_null"] = round(n_ratio, 3)
+        f = row.get("floor")
+        if f and e.get("ops_s"):
+            ratios[f"{cell}/floor_vs_etcd"] = round(f["ops_s"] / e["ops_s"], 3)
+            ratios[f"{cell}/of_floor"] = round(a.get("ops_s", nan) / f["ops_s"], 3)
         row["ratios"] = {"throughput": t_ratio, "p99": p_ratio, "of_null": n_ratio}
         table[cell] = row
         print(f"{cell:<11}{fmt(e.get('ops_s', nan), 0):>11}{fmt(e.get('p99_ms', nan)):>8}"
@@ -229,6 +242,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(n_ratio):>7}")
     print("(watch: ops/s = events delivered/s, p99 = delivery latency; lease: keepalives/s)")
     for cell in cells:
+        f = table[cell].get("floor")
+        if f:
+            print(f"{cell}: do-nothing quorum (3 servers: a Put durable on 2 of 3 through a "
+                  f"writer thread each, a get confirmed by a quorum round, UDP, nothing else): "
+                  f"{fmt(f['ops_s'], 0)} ops/s, p99 {fmt(f['p99_ms'])} ms = "
+                  f"{fmt(ratios[f'{cell}/floor_vs_etcd'])}x etcd; accord "
+                  f"{fmt(ratios[f'{cell}/of_floor'])}x the quorum floor")
         n = table[cell].get("null")
         if cell.startswith("watch") and n:
             print(f"{cell}: do-nothing fan-out (3 servers passing each Put's event on, no "
