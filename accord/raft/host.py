@@ -28,9 +28,11 @@ the read and apply side (ReadIndex waiters, the apply task, snapshots);
 ``Transport``, ``HostConfig``). The answer to a proposal is the state machine's
 return value for its entry (the same on every replica).
 
-Linearizable reads go through ReadIndex: reads that arrive in one turn share
-one ``read_index`` request per group; a read is served once the local applied
-index reaches the index the leader confirmed.
+Linearizable reads go through ReadIndex: one ``read_index`` round per group is in
+flight at a time, and every read that arrives meanwhile shares the next one (as
+etcd's read loop does); a read is served once the local applied index reaches the
+index the leader confirmed. A round a leader change leaves unanswered goes to the
+next leader.
 
 Snapshots: the apply task snapshots a group's state machine every
 ``snapshot_entries`` applied entries, writes it through ``SnapshotStore``, then
@@ -568,6 +570,12 @@ class MultiRaftHost(Proposals):
             self._held_write = write
             self._wake.set()
 
+    def _read_round_overdue(self, g: Group) -> bool:
+        """One ReadIndex round per group is in flight at a time (reads that arrive
+        meanwhile share the next one, as etcd's read loop does); a round unanswered
+        for two ticks (a lost message) no longer holds the next one back."""
+        return self._loop.time() - g.reads_round_at > 2 * self.config.tick_interval
+
     def _start_turn(self) -> tuple[WriteBatch, list[tuple[Group, Ready]]] | None:
         """A turn up to its log write: the batch and readies to finish, or None if done."""
         if self.config.lease_read and self._loop.time() >= self._next_tick:
@@ -580,7 +588,7 @@ class MultiRaftHost(Proposals):
         dirty, self._dirty = self._dirty, set()
         readies: list[tuple[Group, Ready]] = []
         for g in dirty:
-            if g.reads_pending:
+            if g.reads_pending and (not g.reads_issued or self._read_round_overdue(g)):
                 self._issue_reads(g)
             if g.core.has_ready():
                 readies.append((g, g.core.ready()))
@@ -706,6 +714,8 @@ class MultiRaftHost(Proposals):
             if issued:
                 for f in issued[1]:
                     g.reads_waiting.append(ReadWaiter(f, rs.index))
+                if g.reads_pending:  # they waited for this round: the next one goes now
+                    self._mark(g)
         if not rd.committed_entries:
             return False
         g.apply_queue.extend(rd.committed_entries)

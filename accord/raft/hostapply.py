@@ -33,6 +33,7 @@ class ReadsAndApply:
 
     node_id: int
     config: HostConfig
+    _loop: asyncio.AbstractEventLoop
     _boot: int
     _read_seq: int
     _dirty: set[Group]
@@ -61,6 +62,7 @@ class ReadsAndApply:
             log.debug("group %d: read deferred: %s", g.id, e)
             return
         leader = g.core.leader_id
+        g.reads_round_at = self._loop.time()
         g.reads_issued[ctx] = (leader, g.reads_pending)
         g.reads_pending = []
         if leader == self.node_id:

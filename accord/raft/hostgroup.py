@@ -113,6 +113,8 @@ class Group:
     reads_pending: list[asyncio.Future[None]] = field(default_factory=list)
     reads_issued: dict[bytes, tuple[int, list[asyncio.Future[None]]]] = field(default_factory=dict)
     """ReadIndex context -> (the leader it went to, the reads waiting for its answer)."""
+    reads_round_at: float = 0.0
+    """When the last ReadIndex round was issued (one round in flight at a time)."""
     reads_waiting: list[ReadWaiter] = field(default_factory=list)
     apply_queue: deque[Entry] = field(default_factory=deque)
     pending_restore: Snapshot | None = None

@@ -55,7 +55,6 @@ FORWARD_RETRY_MAX = 0.2
 class Proposals(ReadsAndApply):
     """Proposing behaviour of ``MultiRaftHost`` (state is owned and initialised there)."""
 
-    _loop: asyncio.AbstractEventLoop
     _groups: dict[int, Group]
     _transport: Transport
     _seq: int

@@ -287,6 +287,37 @@ async def test_a_leader_counts_requests_by_the_member_they_arrived_at(cluster: C
     assert gid not in cluster.nodes[lead].host.take_loads()
 
 
+async def test_reads_arriving_during_a_read_round_share_the_next_one(cluster: Cluster) -> None:
+    """One ReadIndex round per group is in flight at a time: reads that arrive while it
+    is out wait and share the next round, as etcd's read loop does, rather than each
+    loop iteration's reads sending a heartbeat round of their own."""
+    gid = 1
+    lead = await cluster.leader(gid)
+    await cluster.put(lead, gid, "x", "1")
+    host = cluster.nodes[lead].host
+    rounds_before = host._read_seq
+    reads = []
+    for _ in range(40):  # one new read per loop iteration
+        reads.append(asyncio.ensure_future(host.read_barrier(gid, timeout=3.0)))
+        await asyncio.sleep(0)
+    await asyncio.gather(*reads)
+    # A round takes at least two loop iterations here (the followers share the loop):
+    # 40 reads take about 20 rounds, where one round per iteration made 40.
+    assert host._read_seq - rounds_before < 30
+
+
+async def test_a_read_round_that_is_never_answered_does_not_hold_later_reads(
+    cluster: Cluster,
+) -> None:
+    gid = 1
+    lead = await cluster.leader(gid)
+    host = cluster.nodes[lead].host
+    g = host.group(gid)
+    g.reads_issued[b"lost"] = (lead, [])  # as if its answer had been lost
+    g.reads_round_at = asyncio.get_running_loop().time()
+    await host.read_barrier(gid, timeout=2.0)  # a new round goes out once it is overdue
+
+
 async def test_state_machine_errors_reach_the_proposer(cluster: Cluster) -> None:
     await cluster.leader(1)
     with pytest.raises(ValueError, match="empty key"):
