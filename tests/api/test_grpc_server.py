@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from accord.grpc_server import ServerOptions
 from accord.proto import rpc_pb2, rpc_pb2_grpc
+from accord.services.kv import watchstream
 from accord.services.kv.backend import HeaderInfo
 from accord.services.kv.local import LocalBackend
 from tests.api.conftest import Running, start, stop
@@ -175,6 +176,36 @@ async def test_hasleader_watch_ends_when_leader_is_lost(running: Running) -> Non
     finally:
         backend.header_info = real  # type: ignore[method-assign]
         never.set()
+
+
+async def test_hasleader_watch_outlives_a_moment_without_a_leader(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An election or a leadership transfer leaves a member without a leader for a
+    moment; like etcd, only a loss lasting three checks ends a ``hasleader`` stream."""
+    monkeypatch.setattr(watchstream, "_LEADER_CHECK_S", 0.05)
+    never = asyncio.Event()
+
+    async def requests() -> AsyncIterator[rpc_pb2.WatchRequest]:
+        yield rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"m"))
+        await never.wait()
+
+    call = rpc_pb2_grpc.WatchStub(running.channel).Watch(
+        requests(), metadata=(("hasleader", "true"),), timeout=10
+    )
+    assert (await call.read()).created
+    backend = running.backend
+    real = backend.header_info
+    backend.header_info = lambda: HeaderInfo(real().cluster_id, real().member_id, 1, 0)  # type: ignore[method-assign]
+    await asyncio.sleep(0.07)  # at most two checks see no leader
+    backend.header_info = real  # type: ignore[method-assign]
+    await asyncio.sleep(0.3)
+    kv = rpc_pb2_grpc.KVStub(running.channel)
+    await kv.Put(rpc_pb2.PutRequest(key=b"m", value=b"still here"), timeout=5)
+    got = await asyncio.wait_for(call.read(), 5)
+    assert [ev.kv.value for ev in got.events] == [b"still here"]
+    never.set()
+    call.cancel()
 
 
 async def test_thousands_of_calls_in_flight_are_all_served(running: Running) -> None:

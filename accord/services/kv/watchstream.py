@@ -52,7 +52,10 @@ from accord.services.kv.watchhub import WatchBatch
 _CONTROL_LIMIT = 256
 """Answers to requests queued per stream before the reader waits for the sender."""
 _LEADER_CHECK_S = 1.0
-"""How often a ``hasleader`` stream checks that this member still knows a leader."""
+"""How often a ``hasleader`` stream checks that this member still knows a leader (about
+an election timeout, as etcd checks)."""
+NO_LEADER_CHECKS = 3
+"""Checks in a row without a leader that end a ``hasleader`` stream (etcd's ``maxNoLeaderCnt``)."""
 MSG_EMPTY_WATCH_RANGE = "mvcc: watcher range is empty"
 
 # WatchResponse field tags (field number << 3 | wire type).
@@ -298,9 +301,17 @@ class WatchStream:
             await self._wake.wait()
 
     async def _watch_leader(self) -> None:
-        """End a ``hasleader`` stream with etcd's "no leader" once this member has none."""
+        """End a ``hasleader`` stream with etcd's "no leader" once this member has known
+        no leader at ``NO_LEADER_CHECKS`` checks in a row.
+
+        As etcd (``monitorLeader``): ending a stream costs its client a reconnect and a
+        resume, so a moment without a leader (an election, a leadership transfer, which
+        leader balancing makes routine) must not end it; a lasting loss does.
+        """
+        misses = 0
         while True:
-            if self._b.header_info().leader == 0:
+            misses = misses + 1 if self._b.header_info().leader == 0 else 0
+            if misses >= NO_LEADER_CHECKS:
                 self.error = errors.NO_LEADER
                 self._emit(None)
                 return
