@@ -322,14 +322,15 @@ class NullQuorum(Cluster):
 
     kind = "nullq"
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, links: str = "udp") -> None:
+        self.links = links
         super().__init__(root, 3)
 
     def argv(self, m: Member) -> list[str]:
         peers = ",".join(f"{HOST}:{x.peer_port}" for x in self.members if x is not m)
         return [sys.executable, str(Path(__file__).with_name("nullquorum.py")),
-                "--listen", m.endpoint, "--udp", str(m.peer_port), "--peers", peers,
-                "--data-dir", str(m.data_dir)]
+                "--listen", m.endpoint, "--peer-port", str(m.peer_port), "--peers", peers,
+                "--links", self.links, "--data-dir", str(m.data_dir)]
 
 
 class Harness:
@@ -361,8 +362,8 @@ class Harness:
         self.add(c)
         return c
 
-    def null_quorum(self) -> NullQuorum:
-        c = NullQuorum(self.root)
+    def null_quorum(self, links: str = "udp") -> NullQuorum:
+        c = NullQuorum(self.root, links)
         self.add(c)
         return c
 

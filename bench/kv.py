@@ -134,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(watch:N = N watchers; lease:N = N keepalive streams)")
     p.add_argument("--leases", type=int, default=10_000, help="leases kept alive (default 10000)")
     p.add_argument("--watch-rate", type=float, default=10.0, help="watch writer puts/s (default 10)")
+    p.add_argument("--floor-links", choices=("udp", "tcp"), default="udp",
+                   help="how the quorum floor's servers talk (default udp, the cheapest)")
     p.add_argument("--mem-keys", type=int, default=50_000, help="keys loaded for memory (0: skip)")
     p.add_argument("--profile", type=float, default=0.0, help="py-spy accord for S seconds (0: off)")
     p.add_argument("--profile-cell", default="put:256", help="the cell to profile (default put:256)")
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         if any(cell.startswith("watch") for cell in cells):
             systems["null fan-out"] = h.null_fanout()
         if FLOOR_CELLS.intersection(cells):
-            systems["floor"] = h.null_quorum()
+            systems["floor"] = h.null_quorum(args.floor_links)
         for rep in range(args.reps):
             for i, cell in enumerate(cells):
                 order = ["etcd", "accord", "null", "floor"]
@@ -245,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         f = table[cell].get("floor")
         if f:
             print(f"{cell}: do-nothing quorum (3 servers: a Put durable on 2 of 3 through a "
-                  f"writer thread each, a get confirmed by a quorum round, UDP, nothing else): "
+                  f"writer thread each, a get confirmed by a quorum round, "
+                  f"{args.floor_links.upper()}, nothing else): "
                   f"{fmt(f['ops_s'], 0)} ops/s, p99 {fmt(f['p99_ms'])} ms = "
                   f"{fmt(ratios[f'{cell}/floor_vs_etcd'])}x etcd; accord "
                   f"{fmt(ratios[f'{cell}/of_floor'])}x the quorum floor")

@@ -15,12 +15,12 @@ format and no store:
 * **Range** (a ReadIndex-style read): one UDP ping to each peer, answered as soon as
   one pong is back (a quorum confirms); nothing is read.
 
-UDP is cheaper than the TCP links a real store needs, and the writer does no group
-commit, so the figures are a floor for 1-concurrent load (``put:1``, ``get:1``), not a
-ceiling for concurrent load.
+UDP is cheaper than the TCP links a real store needs (``--links tcp`` measures those
+instead), and the writer does no group commit, so the figures are a floor for
+1-concurrent load (``put:1``, ``get:1``), not a ceiling for concurrent load.
 
-Usage: ``python bench/nullquorum.py --listen 127.0.0.1:PORT --udp PORT --peers
-127.0.0.1:PORT,... --data-dir DIR`` (stops on SIGTERM/SIGINT).
+Usage: ``python bench/nullquorum.py --listen 127.0.0.1:PORT --peer-port PORT --peers
+127.0.0.1:PORT,... --data-dir DIR [--links tcp]`` (stops on SIGTERM/SIGINT).
 """
 
 from __future__ import annotations
@@ -30,22 +30,18 @@ import asyncio
 import itertools
 import os
 import queue
-import signal
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from accord.grpc_server import ServerOptions  # noqa: E402
 from accord.proto import rpc_pb2  # noqa: E402
-from bench.nullserver import _PassInterceptor, rpc_pb2_grpc  # noqa: E402
+from bench.nullserver import front_end, parse_peers, rpc_pb2_grpc, serve_until_signal  # noqa: E402
 
 FILE_BYTES = 64 << 20
 """Preallocated (written) log file; wraps around when full."""
@@ -88,12 +84,18 @@ class Writer:
 
 
 class Quorum(asyncio.DatagramProtocol):
-    """The peer side of the datagrams, and the waits of this member's requests."""
+    """The peer side of the messages, and the waits of this member's requests.
+
+    Messages travel as UDP datagrams, or with ``--links tcp`` as length-prefixed frames
+    on one TCP connection per peer (what a real store's ordered, reliable links cost).
+    """
 
     def __init__(self, writer: Writer, peers: tuple[tuple[str, int], ...]) -> None:
         self.writer = writer
         self.peers = peers
         self.udp: asyncio.DatagramTransport | None = None
+        self.links: list[_Link] = []
+        """Outbound TCP links (``--links tcp``)."""
         self.waits: dict[bytes, asyncio.Future[None]] = {}
         self.ids = itertools.count()
 
@@ -101,12 +103,15 @@ class Quorum(asyncio.DatagramProtocol):
         self.udp = transport
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.handle(data, lambda msg: self.udp.sendto(msg, addr))  # type: ignore[union-attr]
+
+    def handle(self, data: bytes, reply: Callable[[bytes], None]) -> None:
+        """One message from a peer; ``reply`` answers on the way it came."""
         kind, rid = data[:1], data[1:9]
-        assert self.udp is not None
         if kind == _WRITE:
-            self.writer.write(data[9:], lambda: self.udp.sendto(_ACK + rid, addr))  # type: ignore[union-attr]
+            self.writer.write(data[9:], lambda: reply(_ACK + rid))
         elif kind == _PING:
-            self.udp.sendto(_PONG + rid, addr)
+            reply(_PONG + rid)
         else:  # an ack or a pong: the first one completes the request's quorum
             fut = self.waits.pop(rid, None)
             if fut is not None and not fut.done():
@@ -116,10 +121,54 @@ class Quorum(asyncio.DatagramProtocol):
         rid = next(self.ids).to_bytes(8, "big")
         fut = asyncio.get_running_loop().create_future()
         self.waits[rid] = fut
-        assert self.udp is not None
-        for peer in self.peers:
-            self.udp.sendto(kind + rid + payload, peer)
+        msg = kind + rid + payload
+        if self.links:
+            for link in self.links:
+                link.send(msg)
+        else:
+            assert self.udp is not None
+            for peer in self.peers:
+                self.udp.sendto(msg, peer)
         return fut
+
+    async def connect(self) -> None:
+        """Dial every peer over TCP (retrying while they start)."""
+        loop = asyncio.get_running_loop()
+        for host, port in self.peers:
+            while True:
+                try:
+                    _, link = await loop.create_connection(lambda: _Link(self), host, port)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.05)
+            self.links.append(link)
+
+
+class _Link(asyncio.Protocol):
+    """A TCP connection carrying ``len (4 bytes) | message`` frames either way."""
+
+    def __init__(self, quorum: Quorum) -> None:
+        self.quorum = quorum
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def send(self, msg: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(len(msg).to_bytes(4, "big") + msg)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data
+        pos = 0
+        while len(buf) - pos >= 4:
+            n = int.from_bytes(buf[pos:pos + 4], "big")
+            if len(buf) - pos - 4 < n:
+                break
+            self.quorum.handle(buf[pos + 4:pos + 4 + n], self.send)
+            pos += 4 + n
+        self.buf = buf[pos:]
 
     async def replicate(self, data: bytes) -> None:
         """Durable here and on one peer."""
@@ -151,40 +200,44 @@ class QuorumKV(rpc_pb2_grpc.KVServicer):  # type: ignore[misc]
         return rpc_pb2.RangeResponse(header=rpc_pb2.ResponseHeader(revision=self.count))
 
 
-async def serve(listen: str, udp_port: int, peers: tuple[tuple[str, int], ...], data_dir: Path) -> None:
+async def serve(listen: str, port: int, peers: tuple[tuple[str, int], ...], data_dir: Path,
+                tcp: bool) -> None:
     """Serve until SIGINT/SIGTERM."""
     loop = asyncio.get_running_loop()
     writer = Writer(data_dir / "log", loop)
     quorum = Quorum(writer, peers)
-    await loop.create_datagram_endpoint(lambda: quorum, local_addr=(listen.rpartition(":")[0], udp_port))
-    server = grpc.aio.server(options=ServerOptions().channel_args(),
-                             interceptors=[_PassInterceptor()])
+    host = listen.rpartition(":")[0]
+    dialing = None
+    if tcp:
+        await loop.create_server(lambda: _Link(quorum), host, port)
+        dialing = asyncio.create_task(quorum.connect())
+    else:
+        await loop.create_datagram_endpoint(lambda: quorum, local_addr=(host, port))
+    server = front_end()
     rpc_pb2_grpc.add_KVServicer_to_server(QuorumKV(quorum), server)
-    if server.add_insecure_port(listen) == 0:
-        raise OSError(f"cannot listen on {listen}")
-    await server.start()
-    print(f"listening on {listen}", flush=True)
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop(0.2)
-    writer.close()
+    try:
+        await serve_until_signal(server, listen)
+    finally:
+        if dialing is not None:
+            dialing.cancel()
+        writer.close()
 
 
 def main() -> int:
     """Entry point."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--listen", required=True, help="host:port (gRPC)")
-    p.add_argument("--udp", type=int, required=True, help="UDP port for the peers")
-    p.add_argument("--peers", required=True, help="host:port,... UDP addresses of the peers")
+    p.add_argument("--peer-port", type=int, required=True, help="port for the peers' messages")
+    p.add_argument("--peers", required=True, help="host:port,... the peers' --peer-port addresses")
+    p.add_argument("--links", choices=("udp", "tcp"), default="udp",
+                   help="datagrams (the floor), or one TCP connection per peer")
     p.add_argument("--data-dir", required=True, type=Path)
     args = p.parse_args()
     args.data_dir.mkdir(parents=True, exist_ok=True)
-    peers = tuple((h, int(port)) for h, _, port in (x.rpartition(":") for x in args.peers.split(",") if x))
+    peers = parse_peers(args.peers)
     import uvloop
 
-    uvloop.run(serve(args.listen, args.udp, peers, args.data_dir))
+    uvloop.run(serve(args.listen, args.peer_port, peers, args.data_dir, args.links == "tcp"))
     return 0
 
 

@@ -134,10 +134,32 @@ class NullKV(rpc_pb2_grpc.KVServicer):  # type: ignore[misc]
         return rpc_pb2.RangeResponse(header=rpc_pb2.ResponseHeader(revision=self.count))
 
 
+def front_end() -> grpc.aio.Server:
+    """A ``grpc.aio`` server built as accord's: its options and an interceptor of its shape."""
+    return grpc.aio.server(options=ServerOptions().channel_args(), interceptors=[_PassInterceptor()])
+
+
+async def serve_until_signal(server: grpc.aio.Server, listen: str) -> None:
+    """Listen on ``listen``, start, and serve until SIGINT/SIGTERM."""
+    if server.add_insecure_port(listen) == 0:
+        raise OSError(f"cannot listen on {listen}")
+    await server.start()
+    print(f"listening on {listen}", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(0.2)
+
+
+def parse_peers(text: str) -> tuple[tuple[str, int], ...]:
+    """``host:port,...`` as (host, port) pairs."""
+    return tuple((h, int(port)) for h, _, port in (x.rpartition(":") for x in text.split(",") if x))
+
+
 async def serve(listen: str, udp_port: int = 0, peers: tuple[tuple[str, int], ...] = ()) -> None:
     """Serve until SIGINT/SIGTERM."""
-    server = grpc.aio.server(options=ServerOptions().channel_args(),
-                             interceptors=[_PassInterceptor()])
+    server = front_end()
     watch = NullWatch()
     kv = NullKV(watch, peers)
     rpc_pb2_grpc.add_KVServicer_to_server(kv, server)
@@ -145,19 +167,10 @@ async def serve(listen: str, udp_port: int = 0, peers: tuple[tuple[str, int], ..
         "Watch": grpc.stream_stream_rpc_method_handler(
             watch.Watch, request_deserializer=rpc_pb2.WatchRequest.FromString,
             response_serializer=serialize_response)}),))
-    if server.add_insecure_port(listen) == 0:
-        raise OSError(f"cannot listen on {listen}")
-    loop = asyncio.get_running_loop()
     if udp_port:
-        kv.udp, _ = await loop.create_datagram_endpoint(
+        kv.udp, _ = await asyncio.get_running_loop().create_datagram_endpoint(
             lambda: _Datagrams(watch), local_addr=(listen.rpartition(":")[0], udp_port))
-    await server.start()
-    print(f"listening on {listen}", flush=True)
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop(0.2)
+    await serve_until_signal(server, listen)
 
 
 def main() -> int:
@@ -167,7 +180,7 @@ def main() -> int:
     p.add_argument("--udp", type=int, default=0, help="UDP port for the peers' events (0: none)")
     p.add_argument("--peers", default="", help="host:port,... UDP addresses of the peers")
     args = p.parse_args()
-    peers = tuple((h, int(port)) for h, _, port in (x.rpartition(":") for x in args.peers.split(",") if x))
+    peers = parse_peers(args.peers)
     try:
         import uvloop
 
