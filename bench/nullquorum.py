@@ -144,6 +144,19 @@ class Quorum(asyncio.DatagramProtocol):
             self.links.append(link)
 
 
+    async def replicate(self, data: bytes) -> None:
+        """Durable here and on one peer."""
+        loop = asyncio.get_running_loop()
+        own: asyncio.Future[None] = loop.create_future()
+        peer = self._ask(_WRITE, data)
+        self.writer.write(data, lambda: own.set_result(None))
+        await asyncio.wait_for(asyncio.gather(own, peer), 5.0)
+
+    async def confirm(self) -> None:
+        """One round trip to a quorum."""
+        await asyncio.wait_for(self._ask(_PING), 5.0)
+
+
 class _Link(asyncio.Protocol):
     """A TCP connection carrying ``len (4 bytes) | message`` frames either way."""
 
@@ -169,18 +182,6 @@ class _Link(asyncio.Protocol):
             self.quorum.handle(buf[pos + 4:pos + 4 + n], self.send)
             pos += 4 + n
         self.buf = buf[pos:]
-
-    async def replicate(self, data: bytes) -> None:
-        """Durable here and on one peer."""
-        loop = asyncio.get_running_loop()
-        own: asyncio.Future[None] = loop.create_future()
-        peer = self._ask(_WRITE, data)
-        self.writer.write(data, lambda: own.set_result(None))
-        await asyncio.wait_for(asyncio.gather(own, peer), 5.0)
-
-    async def confirm(self) -> None:
-        """One round trip to a quorum."""
-        await asyncio.wait_for(self._ask(_PING), 5.0)
 
 
 class QuorumKV(rpc_pb2_grpc.KVServicer):  # type: ignore[misc]
