@@ -136,9 +136,13 @@ class MultiRaftHost(Proposals):
         self._wake = asyncio.Event()
         self._apply_wake = asyncio.Event()
         self._apply_ready: set[Group] = set()
-        self._seq = 0
-        self._read_seq = 0
         self._boot = boot_nonce & 0xFFFFFFFFFFFFFFFF
+        self._seq = (self._boot & 0xFFFFFFFF) << 32
+        """Proposal sequence numbers start from this boot's nonce: a restarted node
+        re-applies entries it proposed in an earlier life, and their (node, sequence)
+        must not match a proposal of this one and answer it with another command's
+        result."""
+        self._read_seq = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._receivers: dict[tuple[int, int, int], SnapshotReceiver] = {}
         self._snapshot_loads: set[asyncio.Task[None]] = set()

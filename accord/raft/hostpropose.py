@@ -4,8 +4,9 @@
 side, ``hostapply.py``); it is split out only to keep each module readable. State is
 owned and initialised by ``MultiRaftHost``.
 
-Proposals carry an envelope ``[origin node, sequence, payload]``. Any node can
-propose: a follower forwards the envelope to the leader in a ``PROPOSE`` message, and
+Proposals carry an envelope ``[origin node, sequence, payload]``; sequence numbers
+start from the boot's nonce, so no entry a node proposed before a restart (and applies
+again after it) can answer a proposal made since. Any node can propose: a follower forwards the envelope to the leader in a ``PROPOSE`` message, and
 the origin answers its client when it applies the entry itself, so no separate
 request/response RPC between nodes is needed. A leader that cannot take a forwarded
 proposal (a leadership transfer under way, too much uncommitted, or it leads no more)

@@ -65,6 +65,8 @@ class Cluster:
         self.config = config
         self.nodes: dict[int, Node] = {}
         self.ports: dict[int, int] = {}
+        self.boots: dict[int, int] = {}
+        """Starts per node: each start is a new boot (its own nonce), as a restarted daemon."""
 
     async def start_node(self, nid: int) -> Node:
         d = self.root / f"n{nid}"
@@ -79,7 +81,9 @@ class Cluster:
             on_heartbeats=lambda frm, hbs, resps: holder[0].deliver_heartbeats(frm, hbs, resps),
             backoff_max=0.2,
         )
-        host = MultiRaftHost(nid, wal, snaps, transport, self.config, boot_nonce=nid)
+        self.boots[nid] = self.boots.get(nid, 0) + 1
+        host = MultiRaftHost(nid, wal, snaps, transport, self.config,
+                             boot_nonce=nid + (self.boots[nid] << 16))
         holder.append(host)
         sms = {}
         for gid in GROUPS:
@@ -367,6 +371,29 @@ async def test_every_node_restarted_at_once_loses_no_acknowledged_write(tmp_path
             await c.nodes[nid].host.read_barrier(3, timeout=10)
             data = c.nodes[nid].sms[3].data
             assert {k: data.get(k) for k in acked} == acked
+    finally:
+        await c.stop()
+
+
+async def test_a_restarted_node_never_answers_a_proposal_with_an_old_entrys_result(
+    tmp_path: Path,
+) -> None:
+    """A restarted node applies again the entries it proposed in its earlier life; a
+    proposal of its new life must get its own entry's answer, never one of those."""
+    c = Cluster(tmp_path, FAST)
+    try:
+        for nid in (1, 2, 3):
+            await c.start_node(nid)
+        await c.connect_and_run()
+        for i in range(10):  # fewer than a snapshot's worth: all re-applied after restart
+            await c.put(1, 3, f"old{i}", str(i))
+        await c.stop_node(1)
+        node = await c.start_node(1)
+        await c.connect_and_run()
+        for i in range(10):
+            index = await c.put(1, 3, f"new{i}", str(i))
+            assert (index, f"new{i}") in node.sms[3].applied, (
+                f"proposal new{i} answered with the result of entry {index}")
     finally:
         await c.stop()
 
