@@ -73,9 +73,13 @@ def follow_target(
 
 def held_by_workload(me: int, load: Mapping[int, int], *, min_requests: int) -> bool:
     """Whether ``me``'s own clients send most of a group's requests (see ``follow_target``):
-    count balancing must not move such a group away, or it would come straight back."""
+    count balancing must not move such a group away, or it would come straight back.
+
+    Half of ``min_requests`` is enough to hold a group that following brought here, so
+    a workload near the threshold does not send it back and forth between rounds.
+    """
     total = sum(load.values())
-    return 0 < min_requests <= total and load.get(me, 0) >= FOLLOW_SHARE * total
+    return min_requests > 0 and total * 2 >= min_requests and load.get(me, 0) >= FOLLOW_SHARE * total
 
 
 def plan_moves(

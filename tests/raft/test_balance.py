@@ -69,7 +69,9 @@ def test_count_balancing_leaves_groups_the_local_workload_holds() -> None:
     leaders = dict.fromkeys(voters, 1)
     hot = {g: {1: 100} for g in (1, 2, 3)}
     assert held_by_workload(1, hot[1], min_requests=32)
+    assert held_by_workload(1, {1: 16}, min_requests=32)  # half the threshold holds
     assert not held_by_workload(1, {1: 10}, min_requests=32)
+    assert not held_by_workload(1, {1: 10, 2: 10}, min_requests=32)
     # Node 1 leads all six; the three its clients keep busy stay, a cold one goes.
     assert plan_moves(1, leaders, voters, hot, min_requests=32) == [(4, 2)]
     hot_all = {g: {1: 100} for g in voters}
