@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -152,30 +154,45 @@ async def test_frequent_client_pings_do_not_drop_idle_watch(running: Running) ->
         await channel.close()
 
 
-async def test_hasleader_watch_ends_when_leader_is_lost(running: Running) -> None:
+@contextlib.asynccontextmanager
+async def _hasleader_watch(running: Running, key: bytes) -> AsyncIterator[Any]:
+    """A created ``hasleader`` watch stream on ``key`` (its request side kept open)."""
     never = asyncio.Event()
 
     async def requests() -> AsyncIterator[rpc_pb2.WatchRequest]:
-        yield rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"l"))
+        yield rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=key))
         await never.wait()
 
     call = rpc_pb2_grpc.WatchStub(running.channel).Watch(
         requests(), metadata=(("hasleader", "true"),), timeout=10
     )
     assert (await call.read()).created
-    backend = running.backend
-    real = backend.header_info
-    backend.header_info = lambda: HeaderInfo(real().cluster_id, real().member_id, 1, 0)  # type: ignore[method-assign]
     try:
-        with pytest.raises(grpc.aio.AioRpcError) as info:
+        yield call
+    finally:
+        never.set()
+        call.cancel()
+
+
+@contextlib.contextmanager
+def _no_leader(backend: Any) -> Iterator[None]:
+    """The member knows no leader while inside."""
+    real = backend.header_info
+    backend.header_info = lambda: HeaderInfo(real().cluster_id, real().member_id, 1, 0)
+    try:
+        yield
+    finally:
+        backend.header_info = real
+
+
+async def test_hasleader_watch_ends_when_leader_is_lost(running: Running) -> None:
+    async with _hasleader_watch(running, b"l") as call:
+        with _no_leader(running.backend), pytest.raises(grpc.aio.AioRpcError) as info:
             await asyncio.wait_for(call.read(), 5)
         assert (info.value.code(), info.value.details()) == (
             grpc.StatusCode.UNAVAILABLE,
             "etcdserver: no leader",
         )
-    finally:
-        backend.header_info = real  # type: ignore[method-assign]
-        never.set()
 
 
 async def test_hasleader_watch_outlives_a_moment_without_a_leader(
@@ -184,28 +201,14 @@ async def test_hasleader_watch_outlives_a_moment_without_a_leader(
     """An election or a leadership transfer leaves a member without a leader for a
     moment; like etcd, only a loss lasting three checks ends a ``hasleader`` stream."""
     monkeypatch.setattr(watchstream, "_LEADER_CHECK_S", 0.05)
-    never = asyncio.Event()
-
-    async def requests() -> AsyncIterator[rpc_pb2.WatchRequest]:
-        yield rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=b"m"))
-        await never.wait()
-
-    call = rpc_pb2_grpc.WatchStub(running.channel).Watch(
-        requests(), metadata=(("hasleader", "true"),), timeout=10
-    )
-    assert (await call.read()).created
-    backend = running.backend
-    real = backend.header_info
-    backend.header_info = lambda: HeaderInfo(real().cluster_id, real().member_id, 1, 0)  # type: ignore[method-assign]
-    await asyncio.sleep(0.07)  # at most two checks see no leader
-    backend.header_info = real  # type: ignore[method-assign]
-    await asyncio.sleep(0.3)
-    kv = rpc_pb2_grpc.KVStub(running.channel)
-    await kv.Put(rpc_pb2.PutRequest(key=b"m", value=b"still here"), timeout=5)
-    got = await asyncio.wait_for(call.read(), 5)
-    assert [ev.kv.value for ev in got.events] == [b"still here"]
-    never.set()
-    call.cancel()
+    async with _hasleader_watch(running, b"m") as call:
+        with _no_leader(running.backend):
+            await asyncio.sleep(0.07)  # at most two checks see no leader
+        await asyncio.sleep(0.3)
+        kv = rpc_pb2_grpc.KVStub(running.channel)
+        await kv.Put(rpc_pb2.PutRequest(key=b"m", value=b"still here"), timeout=5)
+        got = await asyncio.wait_for(call.read(), 5)
+        assert [ev.kv.value for ev in got.events] == [b"still here"]
 
 
 async def test_thousands_of_calls_in_flight_are_all_served(running: Running) -> None:
