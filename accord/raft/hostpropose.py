@@ -6,14 +6,15 @@ owned and initialised by ``MultiRaftHost``.
 
 Proposals carry an envelope ``[origin node, sequence, payload]``; sequence numbers
 start from the boot's nonce, so no entry a node proposed before a restart (and applies
-again after it) can answer a proposal made since. Any node can propose: a follower forwards the envelope to the leader in a ``PROPOSE`` message, and
-the origin answers its client when it applies the entry itself, so no separate
-request/response RPC between nodes is needed. A leader that cannot take a forwarded
-proposal (a leadership transfer under way, too much uncommitted, or it leads no more)
-sends it back refused and unappended; the origin forwards it again shortly, backing
-off while refusals go on. A leader's own proposals refused during a transfer are
-submitted again the same way, so leader balancing costs clients a pause, not an error. Membership changes (``propose_conf_change``) are proposed
-again until this node has applied them.
+again after it) can answer a proposal made since. Any node can propose: a follower
+forwards the envelope to the leader in a ``PROPOSE`` message, and the origin answers
+its client when it applies the entry itself, so no separate request/response RPC
+between nodes is needed. A leader that cannot take a forwarded proposal (a leadership
+transfer under way, too much uncommitted, or it leads no more) sends it back refused
+and unappended; the origin forwards it again shortly, backing off while refusals go
+on. A leader's own proposals refused during a transfer are submitted again the same
+way, so leader balancing costs clients a pause, not an error. Membership changes
+(``propose_conf_change``) are proposed again until this node has applied them.
 """
 
 from __future__ import annotations
