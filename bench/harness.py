@@ -301,9 +301,9 @@ class NullServer(Cluster):
         super().__init__(root, n)
 
     def argv(self, m: Member) -> list[str]:
+        argv = [sys.executable, str(Path(__file__).with_name("nullserver.py")), "--listen", m.endpoint]
         peers = ",".join(f"{HOST}:{x.peer_port}" for x in self.members if x is not m)
-        return [sys.executable, str(Path(__file__).with_name("nullserver.py")),
-                "--listen", m.endpoint, "--udp", str(m.peer_port), "--peers", peers]
+        return argv + (["--udp", str(m.peer_port), "--peers", peers] if peers else [])
 
 
 class NullFanout(NullServer):

@@ -117,7 +117,9 @@ class NullKV(rpc_pb2_grpc.KVServicer):  # type: ignore[misc]
     async def Put(self, request: rpc_pb2.PutRequest, context: Any) -> rpc_pb2.PutResponse:
         self.count += 1
         header = rpc_pb2.ResponseHeader(revision=self.count)
-        if self.watch is not None:
+        # Only a Put someone watches costs an event: the ceiling of the KV cells (one
+        # server, no watchers, no peers) stays a Put that does nothing.
+        if self.watch is not None and (self.peers or request.key in self.watch.streams):
             data = rpc_pb2.WatchResponse(header=header, events=[kv_pb2.Event(
                 type=kv_pb2.Event.PUT, kv=kv_pb2.KeyValue(
                     key=request.key, value=request.value, mod_revision=self.count,
