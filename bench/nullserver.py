@@ -1,6 +1,6 @@
 """The do-nothing server: the ceiling of accord's gRPC front end on this machine.
 
-A ``grpc.aio`` server built like accord's (``accord/grpc_server.py``: same server
+A ``grpc.aio`` server built like accord's (``accord/node/grpc_server.py``: same server
 options, an interceptor of the same shape, uvloop) whose ``etcdserverpb.KV/Put`` and
 ``KV/Range`` only bump a counter and answer an empty response with a header. Whatever
 rate it reaches under a load is what any server of this front-end design could reach
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from accord.grpc_server import ServerOptions  # noqa: E402
+from accord.node.grpc_server import ServerOptions  # noqa: E402
 from accord.proto import kv_pb2, rpc_pb2  # noqa: E402
 from accord.proto import rpc_pb2_grpc as _rpc_grpc  # noqa: E402
 from accord.services.kv.watchstream import serialize_response  # noqa: E402

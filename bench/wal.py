@@ -54,9 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from accord.raft.storage_codec import encode_entries, record_size  # noqa: E402
-from accord.raft.types import Entry  # noqa: E402
-from accord.raft.wal import WriteAheadLog, WriteBatch  # noqa: E402
+from accord.raft.core.types import Entry  # noqa: E402
+from accord.raft.storage.format import encode_entries, record_size  # noqa: E402
+from accord.raft.storage.wal import WriteAheadLog, WriteBatch  # noqa: E402
 
 
 def rss_mb() -> float:

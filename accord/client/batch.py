@@ -35,7 +35,7 @@ from accord.proto import rpc_pb2
 from accord.services.kv.sharding import partition_key
 
 if TYPE_CHECKING:
-    from accord.client.client import AccordClient
+    from accord.client.base import ClientCalls
 
 DEFAULT_MAX_OPS = 128
 """etcd's and accord's default ``--max-txn-ops``."""
@@ -58,7 +58,7 @@ class _Pending:
 class PutBatcher:
     """Coalesces concurrent puts into Txn requests of up to ``max_ops`` puts."""
 
-    def __init__(self, client: AccordClient, *, max_ops: int = DEFAULT_MAX_OPS,
+    def __init__(self, client: ClientCalls, *, max_ops: int = DEFAULT_MAX_OPS,
                  max_in_flight: int = 64) -> None:
         if not 1 <= max_ops:
             raise ValueError(f"max_ops must be >= 1, got {max_ops}")

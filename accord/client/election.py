@@ -20,13 +20,13 @@ from accord.locks.recipe import DEFAULT_RECHECK_S
 from accord.proto import kv_pb2
 
 if TYPE_CHECKING:
-    from accord.client.client import AccordClient
+    from accord.client.base import ClientCalls
 
 
 class Election:
     """One participant of the election ``name``."""
 
-    def __init__(self, client: AccordClient, name: bytes | str, *, ttl: int = 10,
+    def __init__(self, client: ClientCalls, name: bytes | str, *, ttl: int = 10,
                  recheck_s: float = DEFAULT_RECHECK_S) -> None:
         self.name = keys.check_name(name)
         self._client = client

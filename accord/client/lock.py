@@ -26,14 +26,14 @@ from accord.locks.errors import NotHeld
 from accord.proto import rpc_pb2
 
 if TYPE_CHECKING:
-    from accord.client.client import AccordClient
+    from accord.client.base import ClientCalls
 
 
 class Lock:
     """One acquisition of a named lock (an async context manager; use it once)."""
 
     def __init__(
-        self, client: AccordClient, name: bytes | str, *, ttl: int = 10,
+        self, client: ClientCalls, name: bytes | str, *, ttl: int = 10,
         lock_delay: float = 0.0, session: Session | None = None,
         recheck_s: float = recipe.DEFAULT_RECHECK_S,
     ) -> None:

@@ -13,13 +13,13 @@ from accord.client import stubs
 from accord.proto import kv_pb2, rpc_pb2
 
 if TYPE_CHECKING:
-    from accord.client.client import AccordClient
+    from accord.client.base import ClientCalls
 
 
 class ClientLockStore:
     """Txn, Range and lease grant through the endpoint pool; watches as wake-up hints."""
 
-    def __init__(self, client: AccordClient) -> None:
+    def __init__(self, client: ClientCalls) -> None:
         self._client = client
 
     async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:

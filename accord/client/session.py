@@ -22,13 +22,13 @@ from accord.client.errors import ClientError
 from accord.proto import rpc_pb2
 
 if TYPE_CHECKING:
-    from accord.client.client import AccordClient
+    from accord.client.base import ClientCalls
 
 
 class Session:
     """A granted lease with background keepalive; use as ``async with``."""
 
-    def __init__(self, client: AccordClient, ttl: int) -> None:
+    def __init__(self, client: ClientCalls, ttl: int) -> None:
         if ttl <= 0:
             raise ValueError(f"session ttl must be a positive number of seconds, got {ttl}")
         self._client = client

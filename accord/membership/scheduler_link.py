@@ -31,12 +31,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from .node import Subscription
 from .state import Member, MemberState
-
-if TYPE_CHECKING:
-    from .service import NodeMembership
 
 __all__ = ["SchedulerLike", "SchedulerLink"]
 
@@ -62,6 +60,14 @@ class _Service(Protocol):
     def node_dead(self, node: str, request_id: str | None = None) -> Awaitable[dict[str, Any]]: ...
 
 
+class MembershipView(Protocol):
+    """What the link needs of the node's membership (``NodeMembership`` fits)."""
+
+    def subscribe(self, maxsize: int = ...) -> Subscription: ...
+    def members(self, role: str | None = None) -> list[Member]: ...
+    def wall_time(self, loop_time: float) -> float: ...
+
+
 class SchedulerLike(Protocol):
     """What the link needs of the scheduling shard (``SchedulerShard`` fits)."""
 
@@ -80,7 +86,7 @@ def scheduler_node(member: Member) -> str:
 class SchedulerLink:
     """Turns SWIM deaths of GPU agents into ``node_dead`` commands (see the module docstring)."""
 
-    def __init__(self, membership: NodeMembership, scheduler: SchedulerLike, *,
+    def __init__(self, membership: MembershipView, scheduler: SchedulerLike, *,
                  interval: float = 1.0) -> None:
         self.membership = membership
         self.scheduler = scheduler

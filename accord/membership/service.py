@@ -13,7 +13,8 @@ every member it has heard of (``view``: dead and left members stay visible for
 subscriptions to servicers. When ``--gossip-listen off`` it is *disabled*: it starts
 nothing and answers queries with ``MembershipDisabled``.
 
-    nm = NodeMembership.from_config(cfg, member_id, scheduler=shard)
+    nm = NodeMembership(SwimConfig(), name="n1", bind=("127.0.0.1", 7946))  # or, in a node,
+    nm = accord.node.gossip.node_membership(cfg, member_id, scheduler=shard)
     await nm.start()
     for member in nm.members(): ...
     sub = nm.subscribe()            # MemberEvents from now on
@@ -28,7 +29,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from accord import __version__
 
@@ -36,9 +36,6 @@ from .config import SwimConfig
 from .node import Membership, Subscription
 from .scheduler_link import ROLE_GPU_AGENT, SchedulerLike, SchedulerLink
 from .state import Address, Member, MemberEvent, MemberState, validate_meta
-
-if TYPE_CHECKING:
-    from accord.config import Config
 
 __all__ = ["ROLE_ACCORD", "ROLE_GPU_AGENT", "MembershipDisabled", "NodeMembership", "daemon_meta"]
 
@@ -99,22 +96,6 @@ class NodeMembership:
         self._last_forget = 0.0
         self.event_counts: Counter[str] = Counter()
         """Events seen since start, by kind (joined, suspect, dead, ...)."""
-
-    @classmethod
-    def from_config(cls, cfg: Config, member_id: int, *,
-                    scheduler: SchedulerLike | None = None) -> NodeMembership:
-        """The membership ``accord serve`` runs, from its (validated) configuration."""
-        meta = daemon_meta(cfg.name, member_id, cfg.advertise_client_urls)
-        if not cfg.gossip_enabled:
-            return cls(None, name=cfg.name, bind=("", 0), meta=meta)
-        swim = SwimConfig.profile(cfg.gossip_profile)
-        keys = cfg.gossip_keys()
-        if keys:
-            swim.secret_keys = keys
-            swim.validate()
-        return cls(swim, name=cfg.name, bind=cfg.gossip_listen_address(),
-                   advertise=cfg.gossip_advertise_address(), seeds=cfg.gossip_seed_addresses(),
-                   meta=meta, scheduler=scheduler)
 
     # ------------------------------------------------------------------ lifecycle
     @property

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from accord.grpc_server import AccordGrpcServer, ServerOptions, build_server
+from accord.node.grpc_server import AccordGrpcServer, ServerOptions, build_server
 from accord.services.kv.local import LocalBackend
 
 

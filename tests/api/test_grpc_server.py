@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from accord.grpc_server import ServerOptions
+from accord.node.grpc_server import ServerOptions
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.services.kv import watchstream
 from accord.services.kv.backend import HeaderInfo

@@ -1,6 +1,6 @@
 """Start and stop the servers the compatibility tests talk to, always killed by PID.
 
-* :func:`accord_server` runs ``python -m accord.grpc_server`` (the local backend) on a
+* :func:`accord_server` runs ``python -m accord.node.grpc_server`` (the local backend) on a
   free 127.0.0.1 port;
 * :func:`etcd_server` runs a real single-member etcd (``/usr/bin/etcd`` from Debian's
   etcd-server) with its data directory under the test's tmp dir.
@@ -89,8 +89,8 @@ def wait_serving(endpoint: str, proc: subprocess.Popen[bytes], what: str) -> Non
 
 @contextlib.contextmanager
 def accord_server(data_dir: Path | None = None) -> Iterator[Server]:
-    """``python -m accord.grpc_server`` on a free port; killed by PID on exit."""
-    cmd = [sys.executable, "-m", "accord.grpc_server", "--listen", "127.0.0.1:0"]
+    """``python -m accord.node.grpc_server`` on a free port; killed by PID on exit."""
+    cmd = [sys.executable, "-m", "accord.node.grpc_server", "--listen", "127.0.0.1:0"]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     proc = subprocess.Popen(
@@ -104,14 +104,14 @@ def accord_server(data_dir: Path | None = None) -> Iterator[Server]:
             line = proc.stdout.readline().decode().strip()
             if not line:
                 if proc.poll() is not None:
-                    raise AssertionError(f"accord.grpc_server exited with {proc.returncode}")
+                    raise AssertionError(f"accord.node.grpc_server exited with {proc.returncode}")
                 continue
             if line.startswith("listening on "):
                 endpoint = line.removeprefix("listening on ")
             if line == "ready":
                 break
         if not endpoint:
-            raise AssertionError("accord.grpc_server never printed its address and 'ready'")
+            raise AssertionError("accord.node.grpc_server never printed its address and 'ready'")
         yield Server(proc, endpoint, "accord")
     finally:
         _kill(proc)

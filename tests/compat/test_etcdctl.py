@@ -1,4 +1,4 @@
-"""The real ``etcdctl`` (Debian etcd-client) against ``python -m accord.grpc_server``.
+"""The real ``etcdctl`` (Debian etcd-client) against ``python -m accord.node.grpc_server``.
 
 Every command of ETCD_COMPAT.md's etcdctl table that needs no lock/election recipe,
 except ``check perf`` (it runs for 60 s, too long for the suite). Each test runs against

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from accord.node_members import DEBUG_GROUPS_METHOD
+from accord.node.members import DEBUG_GROUPS_METHOD
 from tests.compat.etcdctl import etcdctl, etcdctl_json
 from tests.integration.cluster import HOST, ProcCluster, free_ports
 

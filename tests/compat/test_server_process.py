@@ -1,4 +1,4 @@
-"""``python -m accord.grpc_server`` as a process: ready line, SIGTERM, --data-dir restart."""
+"""``python -m accord.node.grpc_server`` as a process: ready line, SIGTERM, --data-dir restart."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_data_dir_survives_restart(tmp_path: Path) -> None:
 def test_bad_listen_addresses_are_clear_errors() -> None:
     def run(listen: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "accord.grpc_server", "--listen", listen],
+            [sys.executable, "-m", "accord.node.grpc_server", "--listen", listen],
             cwd=REPO,
             capture_output=True,
             text=True,

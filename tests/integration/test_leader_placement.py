@@ -10,8 +10,8 @@ from pathlib import Path
 
 import grpc
 
-from accord.node_backend import kv_group
-from accord.node_members import DEBUG_GROUPS_METHOD
+from accord.node.backend import kv_group
+from accord.node.members import DEBUG_GROUPS_METHOD
 from accord.proto import rpc_pb2 as pb
 from accord.services.kv.sharding import shard_of
 from tests.integration.cluster import ProcCluster, ProcNode

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import pytest
 
-from accord.node_members import DEBUG_GROUPS_METHOD
+from accord.node.members import DEBUG_GROUPS_METHOD
 from accord.proto import rpc_pb2 as pb
 from accord.proto import rpc_pb2_grpc
 from tests.integration.cluster import HOST, ProcCluster, ProcNode

@@ -11,7 +11,6 @@ from typing import Any
 import grpc
 import pytest
 
-from accord.config import Config, ConfigError, load_config
 from accord.membership.background import BackgroundMembership
 from accord.membership.config import SwimConfig
 from accord.membership.service import (
@@ -22,6 +21,8 @@ from accord.membership.service import (
 )
 from accord.membership.servicer import add_membership_service
 from accord.membership.state import MemberState
+from accord.node.config import Config, ConfigError, load_config
+from accord.node.gossip import node_membership
 from accord.proto import membership_pb2 as pb
 from accord.proto import membership_pb2_grpc
 
@@ -88,7 +89,7 @@ async def test_graceful_stop_is_seen_as_left() -> None:
 
 async def test_disabled_membership_answers_with_a_clear_error() -> None:
     cfg = load_config(["--name", "n1", "--gossip-listen", "off"], {})
-    nm = NodeMembership.from_config(cfg, cfg.member_id)
+    nm = node_membership(cfg, cfg.member_id)
     assert not nm.enabled
     await nm.start()  # starts nothing
     assert not nm.running
@@ -103,7 +104,7 @@ def test_from_config_derives_addresses_seeds_and_metadata() -> None:
                        "--initial-cluster",
                        "n1=http://127.0.0.1:2380,n2=http://127.0.0.1:2382,n3=http://127.0.0.1:2384",
                        "--gossip-profile", "local", "--gossip-key", "00" * 16], {})
-    nm = NodeMembership.from_config(cfg, cfg.member_id)
+    nm = node_membership(cfg, cfg.member_id)
     assert nm.bind == ("127.0.0.1", 3382) and nm.advertise == ("127.0.0.1", 3382)
     assert nm.seeds == [("127.0.0.1", 3380), ("127.0.0.1", 3384)]
     assert nm.config is not None and nm.config.probe_interval == SwimConfig.local().probe_interval
@@ -187,7 +188,7 @@ async def test_members_and_watch_over_grpc(
 async def test_service_on_a_node_without_membership_fails_clearly() -> None:
     cfg = load_config(["--name", "n1", "--gossip-listen", "off"], {})
     server = grpc.aio.server()
-    add_membership_service(server, NodeMembership.from_config(cfg, cfg.member_id))
+    add_membership_service(server, node_membership(cfg, cfg.member_id))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:

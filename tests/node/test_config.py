@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from accord.config import (
+from accord.node.config import (
     Config,
     ConfigError,
     add_arguments,

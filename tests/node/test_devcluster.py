@@ -90,7 +90,7 @@ class Launcher:
         self.data = tmp / "cluster"
         env = dict(os.environ, FAKE_MODE=mode, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "accord.devcluster", "--nodes", str(nodes), "--base-port", str(base),
+            [sys.executable, "-m", "accord.node.devcluster", "--nodes", str(nodes), "--base-port", str(base),
              "--data-dir", str(self.data), "--serve-command", f"{sys.executable} {fake}", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp,
             start_new_session=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from accord.config import Config, ConfigError, joined_member_id, member_id
+from accord.node.config import Config, ConfigError, joined_member_id, member_id
 from accord.services.cluster.members import (
     ClusterStateMachine,
     MemberChangeError,
@@ -101,8 +101,8 @@ def test_repair_counts_a_member_dead_only_when_swim_does_not_hold_it_alive() -> 
     from types import SimpleNamespace
 
     from accord.membership.state import Member, MemberState
-    from accord.node_members import MemberChanges
-    from accord.raft.types import ConfState, Role
+    from accord.node.members import MemberChanges
+    from accord.raft.core.types import ConfState, Role
     from accord.services.cluster.members import ClusterStateMachine, MemberRecord
 
     me, peer = 1, 2

@@ -8,7 +8,7 @@ import pytest
 
 from accord.proto import scheduling_pb2 as pb
 from accord.proto import scheduling_pb2_grpc
-from accord.raft.host import GroupUnavailable
+from accord.raft.host.multiraft import GroupUnavailable
 from accord.services.scheduling.replicated import SchedulerShard, ShardConfig, ShardUnavailable
 from accord.services.scheduling.servicer import add_scheduler_service, node_to_pb
 from accord.services.scheduling.topology import make_node

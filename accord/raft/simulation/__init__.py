@@ -7,7 +7,7 @@ node count and a length; the failure message ends with the command that
 replays it exactly: ``python -m accord.raft.simulation --seed N --profile P
 --nodes K --ticks T``.
 
-What is modelled (details in tests/raft/sim/README.md):
+What is modelled (details in tests/raft/simulation/README.md):
 - each node is a core, its *disk* (hard state, entries, snapshot, membership;
   written exactly in the order of duty ``Ready`` prescribes) and its state
   machine (a register store with snapshots, so compaction and SNAP are exercised);

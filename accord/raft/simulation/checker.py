@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from accord.raft.core.types import Entry, EntryType, HardState
 from accord.raft.simulation.model import Read, SimNode, StateMachine, apply_entry
-from accord.raft.types import Entry, EntryType, HardState
 
 
 class Checker:

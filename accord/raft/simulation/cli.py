@@ -56,7 +56,7 @@ def _load_test_variants() -> None:
     try:
         import importlib
 
-        mod = importlib.import_module("tests.raft.sim.broken")
+        mod = importlib.import_module("tests.raft.simulation.broken")
     except ImportError:
         return
     VARIANTS.update(getattr(mod, "VARIANTS", {}))

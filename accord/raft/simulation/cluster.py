@@ -14,7 +14,18 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from accord.raft.core import Config, RaftCore
+from accord.raft.core.raft import Config, RaftCore
+from accord.raft.core.types import (
+    Entry,
+    EntryType,
+    Message,
+    MessageType,
+    ProposalDropped,
+    Ready,
+    Role,
+    Snapshot,
+    SnapshotMeta,
+)
 from accord.raft.simulation.checker import Checker
 from accord.raft.simulation.model import (
     CoreFactory,
@@ -46,17 +57,6 @@ from accord.raft.simulation.profiles import (
     UNREACHABLE,
     SimConfig,
     parse_profile,
-)
-from accord.raft.types import (
-    Entry,
-    EntryType,
-    Message,
-    MessageType,
-    ProposalDropped,
-    Ready,
-    Role,
-    Snapshot,
-    SnapshotMeta,
 )
 
 

@@ -10,8 +10,8 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from accord.raft.core import Config, RaftCore
-from accord.raft.types import (
+from accord.raft.core.raft import Config, RaftCore
+from accord.raft.core.types import (
     ConfState,
     Entry,
     EntryType,

@@ -6,14 +6,34 @@ in a fixed order, so a seed names a whole schedule.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import random
+from typing import Protocol
 
-from accord.raft.confchange import ConfChange, ConfChangeSingle, ConfChangeType
-from accord.raft.types import ProposalDropped
+from accord.raft.core.confchange import ConfChange, ConfChangeSingle, ConfChangeType
+from accord.raft.core.types import ProposalDropped
+from accord.raft.simulation.model import Read, SimNode, Write
+from accord.raft.simulation.profiles import SimConfig
 
-if TYPE_CHECKING:
-    from accord.raft.simulation.cluster import Simulation
-    from accord.raft.simulation.model import SimNode
+
+class Simulation(Protocol):
+    """What the nemesis and the client act on (``cluster.Simulation`` fits)."""
+
+    cfg: SimConfig
+    rng: random.Random
+    tick_no: int
+    nodes: dict[int, SimNode]
+    started: set[int]
+    blocked: dict[tuple[int, int], int]
+
+    def trace(self, text: str) -> None: ...
+    def alive(self) -> list[SimNode]: ...
+    def leader(self) -> SimNode | None: ...
+    def start(self, nid: int) -> None: ...
+    def crash(self, nid: int, torn: bool = False, down_ticks: int = 10) -> None: ...
+    def report_peer_lost(self, observer: int, peer: int, after_rounds: int = 1) -> None: ...
+    def partition(self, pairs: set[tuple[int, int]], ticks: int) -> None: ...
+    def propose(self, nid: int, key: str, value: int) -> Write | None: ...
+    def read(self, nid: int, key: str) -> Read | None: ...
 
 KEYS = ("a", "b", "c")
 

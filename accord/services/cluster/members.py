@@ -13,7 +13,7 @@ with the members.
 
 Runtime changes (etcd's MemberAdd/Remove/Update/Promote) are commands of this
 machine: the table is the *desired* membership, and each group's leader brings its
-group's Raft configuration in line with it (``accord/node_members.py``). ``is_learner``
+group's Raft configuration in line with it (``accord/node/members.py``). ``is_learner``
 is what the operator asked for (``member add --learner``); a member added as a voter
 first replicates as a Raft learner in every group and is promoted once caught up.
 Removed ids are kept (``removed``) as etcd does: a removed member cannot come back

@@ -7,7 +7,7 @@ exist:
 
 * :class:`accord.services.kv.local.LocalBackend` applies commands directly to one
   in-process :class:`~accord.services.kv.statemachine.KVStateMachine` (tests, embedding,
-  ``python -m accord.grpc_server``);
+  ``python -m accord.node.grpc_server``);
 * a Raft-replicated backend (the lead's) proposes the same command bytes to a Raft group
   and answers with the result of their apply.
 

@@ -1,6 +1,6 @@
 """A single-process backend: commands are applied directly to one in-process state machine.
 
-For tests, embedding and ``python -m accord.grpc_server``: no Raft, no peers. This member
+For tests, embedding and ``python -m accord.node.grpc_server``: no Raft, no peers. This member
 is its own leader (term 1), every read is trivially linearizable, and the cluster has
 exactly one member.
 

@@ -17,7 +17,8 @@ The pure core, one job per module:
 - ``traces`` / ``simulator``: trace loaders and trace-driven simulation with baselines.
 """
 
-from accord.services.scheduling.model import Job, Node, Placement, SchedulingError, Topology
+from accord.services.scheduling.errors import SchedulingError
+from accord.services.scheduling.model import Job, Node, Placement, Topology
 from accord.services.scheduling.service import SchedulingService
 from accord.services.scheduling.state import SchedulerStateMachine
 

@@ -27,7 +27,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from accord.services.scheduling.model import WHOLE, Node, SchedulingError
+from accord.services.scheduling.errors import SchedulingError
+from accord.services.scheduling.model import WHOLE, Node
 from accord.services.scheduling.selectors import compile_selector
 
 Signature = tuple[Any, ...]

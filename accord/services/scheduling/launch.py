@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from accord.services.scheduling.model import WHOLE, Job, Node, Placement, SchedulingError
+from accord.services.scheduling.errors import SchedulingError
+from accord.services.scheduling.model import WHOLE, Job, Node, Placement
 
 VISIBILITY_ENV = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES",
                   "intel": "ZE_AFFINITY_MASK"}

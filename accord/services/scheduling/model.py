@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from accord.services.scheduling.errors import SchedulingError
+
 VENDORS = ("nvidia", "amd", "intel")
 """Vendors the launcher knows how to set device visibility for."""
 
@@ -22,10 +24,6 @@ WHOLE = 1000
 """A whole device, in thousandths (``gpu_milli``)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,252}$")
-
-
-class SchedulingError(ValueError):
-    """Bad input to the scheduler: the message says what was wrong."""
 
 
 def _req(d: Any, key: str, kind: type | tuple[type, ...], what: str) -> Any:

@@ -19,7 +19,8 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from accord.services.scheduling.model import Job, SchedulingError, check_name
+from accord.services.scheduling.errors import SchedulingError
+from accord.services.scheduling.model import Job, check_name
 
 
 @dataclass(slots=True, frozen=True)

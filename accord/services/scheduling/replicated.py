@@ -175,7 +175,7 @@ class SchedulerShard:
     def on_host(cls, host: Any, member_id: int, config: ShardConfig | None = None,
                 group_id: int = SCHEDULING_GROUP) -> SchedulerShard:
         """A shard whose commands go through ``host`` (a ``MultiRaftHost``) in ``group_id``."""
-        from accord.raft.types import Role
+        from accord.raft.core.types import Role
 
         async def propose(payload: bytes, timeout: float) -> object:
             return await host.propose(group_id, payload, timeout=timeout)

@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 
-from accord.services.scheduling.model import SchedulingError
+from accord.services.scheduling.errors import SchedulingError
 
 Attrs = Mapping[str, "str | int | float | bool"]
 Predicate = Callable[[Attrs], bool]

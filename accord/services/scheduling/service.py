@@ -20,8 +20,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from accord.services.scheduling.errors import SchedulingError
 from accord.services.scheduling.launch import TaskLaunch, task_launches
-from accord.services.scheduling.model import Job, Node, SchedulingError, check_name
+from accord.services.scheduling.model import Job, Node, check_name
 from accord.services.scheduling.queueing import QueueConfig
 from accord.services.scheduling.scheduler import CycleConfig, CycleResult, run_cycle
 from accord.services.scheduling.state import RUNNING, SchedulerStateMachine

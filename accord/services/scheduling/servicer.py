@@ -26,8 +26,9 @@ import grpc
 
 from accord.proto import scheduling_pb2 as pb
 from accord.proto import scheduling_pb2_grpc
+from accord.services.scheduling.errors import SchedulingError
 from accord.services.scheduling.launch import TaskLaunch, task_launches
-from accord.services.scheduling.model import Job, Node, Placement, SchedulingError
+from accord.services.scheduling.model import Job, Node, Placement
 from accord.services.scheduling.replicated import Event, SchedulerShard, ShardUnavailable
 from accord.services.scheduling.state import RUNNING
 

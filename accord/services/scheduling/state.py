@@ -28,14 +28,8 @@ from typing import Any
 import msgpack
 
 from accord.services.scheduling.capacity import CapacityIndex
-from accord.services.scheduling.model import (
-    Job,
-    Node,
-    Placement,
-    Running,
-    SchedulingError,
-    check_name,
-)
+from accord.services.scheduling.errors import SchedulingError
+from accord.services.scheduling.model import Job, Node, Placement, Running, check_name
 from accord.services.scheduling.placement import give_back, take
 from accord.services.scheduling.queueing import QueueConfig
 from accord.services.scheduling.selectors import compile_selector

@@ -22,7 +22,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from accord.services.scheduling.model import WHOLE, Job, SchedulingError
+from accord.services.scheduling.errors import SchedulingError
+from accord.services.scheduling.model import WHOLE, Job
 from accord.services.scheduling.model import Node as NodeSpec
 from accord.services.scheduling.topology import make_node
 

@@ -1,0 +1,368 @@
+"""`accord jobs` and `accord nodes`: the GPU scheduler from the shell.
+
+    accord jobs submit --tasks 2 --gpus 8 --selector 'vendor == nvidia' [--wait 30]
+    accord jobs ls [--status running] | show ID | cancel ID | watch [ID] [--since INDEX]
+    accord nodes ls | drain NAME | undrain NAME
+    accord nodes register --from-json FILE      # a node spec (NodeSpec fields) as JSON
+    accord nodes register --fake NAME --gpus 8 --vendor nvidia   # a made-up GPU node
+    accord nodes agent --from-json FILE [--interval 0.5]         # register, then heartbeat
+    accord nodes agent --fake gpu-a --gossip-seeds 10.0.0.1:3380  # ... and join SWIM membership
+
+They speak ``accord.scheduling.v1.Scheduler`` to any member. Endpoints come from
+``--endpoints`` or ``ACCORD_ENDPOINTS`` (comma-separated ``host:port``), default
+``127.0.0.1:2379``; a call goes to the first endpoint that answers, and mutating
+calls carry one request id across endpoints so a retry is applied at most once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+
+from accord.cli import common
+from accord.proto import scheduling_pb2 as pb
+from accord.proto import scheduling_pb2_grpc
+
+_stubs: Any = scheduling_pb2_grpc  # the generated stubs carry no type annotations
+T = TypeVar("T")
+TIMEOUT = 20.0
+
+
+def _endpoints(raw: str | None) -> list[str]:
+    return common.endpoints(raw)
+
+
+def _first(endpoints: list[str], call: Callable[[Any], T]) -> T:
+    """Run ``call(stub)`` against the first endpoint that answers."""
+    return common.first(endpoints, lambda ch: call(_stubs.SchedulerStub(ch)))
+
+
+def _rid() -> str:
+    return f"cli-{uuid.uuid4().hex[:16]}"
+
+
+def _dump(msg: Any) -> dict[str, Any]:
+    out: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    return out
+
+
+# ----- jobs ---------------------------------------------------------------------------------
+
+
+def _job_spec(a: argparse.Namespace) -> pb.JobSpec:
+    spec = pb.JobSpec(id=a.id or "", tenant=a.tenant or "", queue=a.queue or "",
+                      priority=a.priority, tasks=a.tasks, devices_per_task=a.gpus,
+                      cpu_milli=a.cpu_milli, memory_mib=a.memory_mib, selector=a.selector,
+                      topology_level=a.topology or "", topology_required=a.require_topology,
+                      preemptible=a.preemptible)
+    if a.gpu_milli is not None:
+        spec.gpu_milli = a.gpu_milli
+    if a.runtime is not None:
+        spec.estimated_runtime = a.runtime
+    return spec
+
+
+def _print_launch(info: pb.JobInfo) -> None:
+    for t in info.tasks:
+        env = " ".join(f"{k}={v}" for k, v in sorted(t.env.items()))
+        print(f"  rank {t.rank}: {t.host} devices {list(t.devices)} cpus {t.cpus or '-'} "
+              f"nics {','.join(t.nics) or '-'}\n    {env}")
+
+
+def _jobs(a: argparse.Namespace) -> int:
+    eps = _endpoints(a.endpoints)
+    if a.op == "submit":
+        req = pb.SubmitJobRequest(job=_job_spec(a), request_id=_rid())
+        job_id = _first(eps, lambda s: s.SubmitJob(req, timeout=TIMEOUT)).job_id
+        print(job_id)
+        if a.wait > 0:
+            deadline = time.monotonic() + a.wait
+            while time.monotonic() < deadline:
+                info = _first(eps, lambda s: s.GetJob(pb.GetJobRequest(job_id=job_id),
+                                                      timeout=TIMEOUT))
+                if info.status != "pending":
+                    print(f"{job_id} {info.status}")
+                    _print_launch(info)
+                    return 0
+                time.sleep(0.2)
+            print(f"accord jobs submit: {job_id} still pending after {a.wait}s", file=sys.stderr)
+            return 1
+        return 0
+    if a.op == "ls":
+        resp = _first(eps, lambda s: s.ListJobs(
+            pb.ListJobsRequest(status=a.status or "", tenant=a.tenant or ""), timeout=TIMEOUT))
+        if a.json:
+            print(json.dumps([_dump(j) for j in resp.jobs]))
+            return 0
+        print(f"{'ID':<20} {'STATUS':<10} {'TENANT':<10} {'TASKS':>5} {'GPUS':>5}  "
+              f"{'NODES':<30} REASON")
+        for j in resp.jobs:
+            nodes = ",".join(sorted({t.host for t in j.tasks}))
+            print(f"{j.spec.id:<20} {j.status:<10} {j.spec.tenant:<10} {j.spec.tasks:>5} "
+                  f"{j.spec.devices_per_task:>5}  {nodes or '-':<30} {j.reason}")
+        return 0
+    if not a.job_id and a.op != "watch":
+        print(f"accord jobs {a.op}: a job id is required", file=sys.stderr)
+        return 2
+    if a.op == "show":
+        info = _first(eps, lambda s: s.GetJob(pb.GetJobRequest(job_id=a.job_id), timeout=TIMEOUT))
+        if a.json:
+            print(json.dumps(_dump(info)))
+            return 0
+        print(f"{info.spec.id} {info.status} tenant={info.spec.tenant} tasks={info.spec.tasks} "
+              f"gpus/task={info.spec.devices_per_task} selector={info.spec.selector!r} "
+              f"starts={info.starts} requeues={info.requeues}"
+              + (f" reason={info.reason!r}" if info.reason else ""))
+        _print_launch(info)
+        return 0
+    if a.op == "cancel":
+        req_c = pb.CancelJobRequest(job_id=a.job_id, request_id=_rid())
+        _first(eps, lambda s: s.CancelJob(req_c, timeout=TIMEOUT))
+        print(f"{a.job_id} cancelled")
+        return 0
+    # watch: print events until interrupted (or --count events)
+    with grpc.insecure_channel(eps[0]) as ch:
+        stream = _stubs.SchedulerStub(ch).WatchPlacements(
+            pb.WatchPlacementsRequest(job_id=a.job_id or "", start_index=a.since))
+        seen = 0
+        try:
+            for ev in stream:
+                print(json.dumps(_dump(ev)) if a.json else
+                      f"{ev.index} {ev.kind} {ev.job_id} "
+                      + " ".join(f"{t.rank}@{t.host}:{list(t.devices)}" for t in ev.tasks)
+                      + (f" ({ev.reason})" if ev.reason else ""), flush=True)
+                seen += 1
+                if a.count and seen >= a.count:
+                    break
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stream.cancel()
+    return 0
+
+
+# ----- nodes --------------------------------------------------------------------------------
+
+
+def _fake_spec(a: argparse.Namespace) -> pb.NodeSpec:
+    from accord.services.scheduling.servicer import node_to_pb
+    from accord.services.scheduling.topology import make_node
+
+    node = make_node(a.fake, gpus=a.gpus, vendor=a.vendor, model=a.model, islands=a.islands,
+                     leaf=a.leaf, address=a.address)
+    return node_to_pb(node)
+
+
+def _spec_from(a: argparse.Namespace) -> pb.NodeSpec | None:
+    if a.from_json:
+        try:
+            raw = Path(a.from_json).read_text()
+            return json_format.Parse(raw, pb.NodeSpec())
+        except (OSError, json_format.ParseError) as e:
+            print(f"accord nodes {a.op}: cannot read a node spec from {a.from_json}: {e}",
+                  file=sys.stderr)
+            return None
+    if a.fake:
+        return _fake_spec(a)
+    print(f"accord nodes {a.op}: give --from-json FILE or --fake NAME", file=sys.stderr)
+    return None
+
+
+def _nodes(a: argparse.Namespace) -> int:
+    eps = _endpoints(a.endpoints)
+    if a.op == "ls":
+        resp = _first(eps, lambda s: s.ListNodes(pb.ListNodesRequest(), timeout=TIMEOUT))
+        if a.json:
+            print(json.dumps([_dump(n) for n in resp.nodes]))
+            return 0
+        print(f"{'NAME':<16} {'STATE':<9} {'DEVICES':<24} {'UNHEALTHY':<10} JOBS")
+        for n in resp.nodes:
+            state = ("dead" if not n.alive else "drained" if n.drained else "ready")
+            models = sorted({f"{d.vendor}/{d.model}" for d in n.spec.devices})
+            devs = f"{len(n.spec.devices)}x {','.join(models)}" if models else "-"
+            print(f"{n.spec.name:<16} {state:<9} {devs:<24} "
+                  f"{','.join(map(str, n.unhealthy)) or '-':<10} {','.join(n.running_jobs) or '-'}")
+        return 0
+    if a.op in ("drain", "undrain"):
+        if not a.name:
+            print(f"accord nodes {a.op}: a node name is required", file=sys.stderr)
+            return 2
+        req = pb.NodeRequest(node=a.name, request_id=_rid())
+        if a.op == "drain":
+            r = _first(eps, lambda s: s.DrainNode(req, timeout=TIMEOUT))
+            running = f" ({len(r.running_jobs)} running job(s) stay)" if r.running_jobs else ""
+            print(f"{a.name} drained{running}")
+        else:
+            _first(eps, lambda s: s.UndrainNode(req, timeout=TIMEOUT))
+            print(f"{a.name} undrained")
+        return 0
+    spec = _spec_from(a)
+    if spec is None:
+        return 2
+    try:
+        gossip = _gossip_settings(a) if a.op == "agent" else None
+    except ValueError as e:
+        print(f"accord nodes {a.op}: {e}", file=sys.stderr)
+        return 2
+    reg = pb.RegisterNodeRequest(node=spec, request_id=_rid())
+    name = _first(eps, lambda s: s.RegisterNode(reg, timeout=TIMEOUT)).node
+    print(f"{name} registered ({len(spec.devices)} devices)", flush=True)
+    if a.op == "register":
+        return 0
+    # agent: heartbeat until interrupted; re-register if declared dead meanwhile
+    try:
+        swim = _join_gossip(gossip, name, spec) if gossip is not None else None
+    except OSError as e:
+        print(f"accord nodes agent: cannot join membership: {e}", file=sys.stderr)
+        return 1
+    beats = 0
+    try:
+        while not a.count or beats < a.count:
+            time.sleep(a.interval)
+            try:
+                _first(eps, _heartbeat(pb.HeartbeatRequest(node=name, request_id=_rid())))
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+                _first(eps, lambda s: s.RegisterNode(
+                    pb.RegisterNodeRequest(node=spec, request_id=_rid()), timeout=TIMEOUT))
+            beats += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if swim is not None:
+            swim.stop()
+    return 0
+
+
+# ----- the agent's SWIM member ----------------------------------------------------------------
+
+
+def _gossip_settings(a: argparse.Namespace) -> dict[str, Any] | None:
+    """The agent's SWIM settings from its flags (None without --gossip-seeds); ValueError if bad."""
+    from accord.membership.agent import parse_address
+    from accord.membership.background import local_address_toward
+    from accord.membership.config import SwimConfig
+
+    seeds = [parse_address(x.strip()) for x in (a.gossip_seeds or "").split(",") if x.strip()]
+    if not seeds:
+        if a.gossip_listen:
+            raise ValueError("--gossip-listen needs --gossip-seeds (the daemons' gossip addresses)")
+        return None
+    bind = (parse_address(a.gossip_listen) if a.gossip_listen
+            else (local_address_toward(seeds[0]), 0))
+    config = SwimConfig.profile(a.gossip_profile)
+    if a.gossip_key:
+        try:
+            config.secret_keys = tuple(bytes.fromhex(k.strip()) for k in a.gossip_key.split(","))
+        except ValueError:
+            raise ValueError("--gossip-key: keys must be hex strings") from None
+        config.validate()
+    return {"config": config, "bind": bind, "seeds": seeds}
+
+
+def agent_meta(name: str, spec: pb.NodeSpec) -> dict[str, str]:
+    """A GPU agent's SWIM metadata: its role, node name and a digest of its inventory."""
+    digest = hashlib.sha256(spec.SerializeToString(deterministic=True)).hexdigest()[:16]
+    models = ",".join(sorted({f"{d.vendor}/{d.model}" for d in spec.devices}))[:120]
+    return {"role": "gpu-agent", "node": name, "gpus": str(len(spec.devices)),
+            "models": models, "inventory": digest}
+
+
+def _join_gossip(settings: dict[str, Any], name: str, spec: pb.NodeSpec) -> Any:
+    """Start the agent's SWIM member (role gpu-agent) in a background thread."""
+    from accord.membership.background import BackgroundMembership
+
+    swim = BackgroundMembership(settings["config"], bind=settings["bind"], name=name,
+                                seeds=settings["seeds"], meta=agent_meta(name, spec))
+    host, port = swim.start()
+    print(f"{name} joined membership as {host}:{port}", flush=True)
+    return swim
+
+
+def _heartbeat(req: pb.HeartbeatRequest) -> Callable[[Any], Any]:
+    return lambda s: s.Heartbeat(req, timeout=TIMEOUT)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--endpoints", help="comma-separated client endpoints")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def jobs_main(argv: Sequence[str]) -> int:
+    """`accord jobs submit|ls|show|cancel|watch`."""
+    p = argparse.ArgumentParser(prog="accord jobs", description="submit and inspect GPU jobs")
+    p.add_argument("op", choices=["submit", "ls", "show", "cancel", "watch"])
+    p.add_argument("job_id", nargs="?", help="job id (show, cancel, watch)")
+    _common(p)
+    g = p.add_argument_group("submit")
+    g.add_argument("--id", help="job id (default: the server picks one)")
+    g.add_argument("--tasks", type=int, default=1, help="gang size: tasks placed all or nothing")
+    g.add_argument("--gpus", type=int, default=1, help="devices per task (0: CPU only)")
+    g.add_argument("--gpu-milli", type=int, help="share of one device in thousandths (1 gpu/task)")
+    g.add_argument("--cpu-milli", type=int, default=0, help="CPU per task, in thousandths")
+    g.add_argument("--memory-mib", type=int, default=0, help="host memory per task")
+    g.add_argument("--selector", default="", help="device selector, e.g. 'vendor == nvidia'")
+    g.add_argument("--tenant", help="tenant (fair share)")
+    g.add_argument("--queue", help="queue (quotas)")
+    g.add_argument("--priority", type=int, default=0)
+    g.add_argument("--topology", choices=["island", "node", "leaf", "spine", "block"],
+                   help="keep the gang within one domain of this level")
+    g.add_argument("--require-topology", action="store_true",
+                   help="wait rather than place the gang across --topology domains")
+    g.add_argument("--runtime", type=float, help="estimated runtime, seconds (for backfill)")
+    g.add_argument("--preemptible", action="store_true")
+    g.add_argument("--wait", type=float, default=0.0,
+                   help="wait up to this many seconds for the placement and print it")
+    g.add_argument("--status", help="ls: only jobs in this state")
+    g.add_argument("--count", type=int, default=0, help="watch: stop after this many events")
+    g.add_argument("--since", type=int, default=0,
+                   help="watch: first replay the member's recent events from this log index")
+    return _run(_jobs, p.parse_args(list(argv)))
+
+
+def nodes_main(argv: Sequence[str]) -> int:
+    """`accord nodes ls|drain|undrain|register|agent`."""
+    p = argparse.ArgumentParser(prog="accord nodes", description="GPU nodes of the scheduler")
+    p.add_argument("op", choices=["ls", "drain", "undrain", "register", "agent"])
+    p.add_argument("name", nargs="?", help="node name (drain, undrain)")
+    _common(p)
+    g = p.add_argument_group("register / agent")
+    g.add_argument("--from-json", help="file holding a NodeSpec as JSON")
+    g.add_argument("--fake", metavar="NAME", help="make up a GPU node called NAME")
+    g.add_argument("--gpus", type=int, default=8)
+    g.add_argument("--vendor", default="nvidia", choices=["nvidia", "amd", "intel"])
+    g.add_argument("--model")
+    g.add_argument("--islands", type=int, default=1)
+    g.add_argument("--leaf", default="leaf-0")
+    g.add_argument("--address", help="address launchers reach the node at (default: NAME)")
+    g.add_argument("--interval", type=float, default=0.5, help="agent: seconds between heartbeats")
+    g.add_argument("--count", type=int, default=0, help="agent: stop after this many heartbeats")
+    g.add_argument("--gossip-seeds", metavar="HOST:PORT,...",
+                   help="agent: join SWIM membership through these daemons' gossip addresses "
+                        "(their peer port + 1000 by default)")
+    g.add_argument("--gossip-listen", metavar="HOST:PORT",
+                   help="agent: SWIM address (default: the address routing to the first seed, "
+                        "any free port)")
+    g.add_argument("--gossip-profile", default="lan", choices=["lan", "wan", "local"],
+                   help="agent: SWIM timing profile; use the daemons' (default lan)")
+    g.add_argument("--gossip-key", help="agent: hex AES key(s) of the daemons' --gossip-key")
+    return _run(_nodes, p.parse_args(list(argv)))
+
+
+def _run(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    try:
+        return fn(args)
+    except grpc.RpcError as e:
+        print(f"accord: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 1

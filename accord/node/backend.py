@@ -1,0 +1,261 @@
+"""The etcd API's backend on a node: the KV shards' Raft groups behind the servicers.
+
+Each KV shard is one Raft group of the node's :class:`~accord.raft.host.multiraft.MultiRaftHost`.
+Writes are proposed to their shard's group and answered with the result of their apply;
+linearizable reads pass a ReadIndex barrier on the groups they read. Identity, Raft facts
+for headers and ``Status`` come from shard 0's group (the home of leases); the member
+list from the meta group, and member changes go through it (``members.py``). What to do with several shards lives in
+:class:`~accord.services.kv.backend.StateMachineBackend`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import crc32c
+import grpc
+import msgpack
+
+from accord.node.members import CATCH_UP_SLACK, META_GROUP, NotEnoughStartedMembers
+from accord.raft.core.types import Role
+from accord.raft.host.multiraft import GroupUnavailable
+from accord.services.cluster.members import MemberChangeError, MemberRecord
+from accord.services.kv import errors
+from accord.services.kv.backend import (
+    ETCD_COMPAT_VERSION,
+    HeaderInfo,
+    MemberInfo,
+    StateMachineBackend,
+    StatusInfo,
+    now_ms,
+)
+from accord.services.kv.errors import EtcdError
+from accord.services.kv.statemachine import KVStateMachine
+
+if TYPE_CHECKING:
+    from accord.node.parts import NodeParts
+
+KV_GROUP = 2
+"""Shard 0 of the key space."""
+KV_SHARD_GROUP_BASE = 100
+"""Shard ``i >= 1`` is group ``KV_SHARD_GROUP_BASE + i`` (groups 3..99 are services')."""
+
+_UNAVAILABLE = {
+    "no leader": errors.NO_LEADER,
+    "leader changed": errors.LEADER_CHANGED,
+    "request timed out": errors.TIMEOUT,
+}
+
+MSG_ID_REMOVED = "etcdserver: ID removed"
+MSG_NOT_ENOUGH_STARTED = "etcdserver: re-configuration failed due to not enough started members"
+MSG_NOT_LEARNER = "etcdserver: can only promote a learner member"
+MSG_LEARNER_NOT_READY = "etcdserver: can only promote a learner member which is in sync with leader"
+
+_MEMBER_ERRORS = {
+    "exists": errors.MEMBER_EXIST,
+    "url_exists": errors.PEER_URL_EXIST,
+    "not_found": errors.MEMBER_NOT_FOUND,
+    "removed": EtcdError(grpc.StatusCode.FAILED_PRECONDITION, MSG_ID_REMOVED),
+    "not_learner": EtcdError(grpc.StatusCode.FAILED_PRECONDITION, MSG_NOT_LEARNER),
+}
+
+
+def kv_group(shard: int) -> int:
+    """The Raft group id of KV shard ``shard``."""
+    return KV_GROUP if shard == 0 else KV_SHARD_GROUP_BASE + shard
+
+
+def _info(m: MemberRecord) -> MemberInfo:
+    return MemberInfo(m.id, m.name, m.peer_urls, m.client_urls, m.is_learner)
+
+
+async def _member_call(call: Any) -> Any:
+    """Await a member operation, mapping its failures to etcd's errors."""
+    try:
+        return await call
+    except GroupUnavailable as e:
+        raise unavailable(e) from None
+    except MemberChangeError as e:
+        raise EtcdError(_MEMBER_ERRORS[e.kind].code, _MEMBER_ERRORS[e.kind].message,
+                        str(e)) from None
+    except NotEnoughStartedMembers as e:
+        raise EtcdError(grpc.StatusCode.FAILED_PRECONDITION, MSG_NOT_ENOUGH_STARTED,
+                        str(e)) from None
+
+
+def unavailable(e: GroupUnavailable) -> EtcdError:
+    """The etcd error a client sees when a group cannot serve."""
+    return _UNAVAILABLE.get(e.reason, errors.TIMEOUT)
+
+
+class ReplicatedBackend(StateMachineBackend):
+    """The etcd API's backend on the node's Raft-replicated KV shards."""
+
+    def __init__(self, node: NodeParts, machines: Sequence[KVStateMachine]) -> None:
+        super().__init__(machines)
+        self.node = node
+        self.groups = [kv_group(i) for i in range(len(machines))]
+
+    @property
+    def _group(self) -> Any:
+        return self.node.host.group(KV_GROUP)
+
+    async def commit(self, command: bytes, shard: int = 0) -> Any:
+        """Replicate ``command`` on ``shard``; the answer is what its apply returned."""
+        try:
+            return await self.node.host.propose(self.groups[shard], command)
+        except GroupUnavailable as e:
+            raise unavailable(e) from None
+
+    async def read_barrier(self, shard: int = 0) -> None:
+        """ReadIndex: wait until this member applied all ``shard`` committed before now."""
+        try:
+            await self.node.host.read_barrier(self.groups[shard])
+        except GroupUnavailable as e:
+            raise unavailable(e) from None
+
+    def lease_clock(self) -> tuple[int, int]:
+        """Wall-clock ms and this member's term in shard 0 (see STORE_API.md)."""
+        return now_ms(), int(self._group.core.term)
+
+    def header_info(self) -> HeaderInfo:
+        core = self._group.core
+        return HeaderInfo(
+            cluster_id=self.node.config.cluster_id,
+            member_id=self.node.member_id,
+            raft_term=core.term,
+            leader=core.leader_id,
+        )
+
+    # --- cluster -------------------------------------------------------------------------
+    async def members(self, linearizable: bool = False) -> list[MemberInfo]:
+        if linearizable:
+            try:
+                await self.node.host.read_barrier(META_GROUP)
+            except GroupUnavailable as e:
+                raise unavailable(e) from None
+        return [_info(m) for m in sorted(self.node.cluster.members.values(),
+                                         key=lambda m: (m.name, m.id))]
+
+    async def member_add(
+        self, peer_urls: Sequence[str], is_learner: bool
+    ) -> tuple[MemberInfo, list[MemberInfo]]:
+        """Add a member (see ``members.py``); it starts with ``existing``."""
+        rec = await _member_call(self.node.members.add(peer_urls, is_learner))
+        return _info(rec), await self.members()
+
+    async def member_remove(self, member_id: int) -> list[MemberInfo]:
+        """Remove a member from the table and from every group."""
+        if member_id not in self.node.cluster.members:
+            raise errors.MEMBER_NOT_FOUND
+        await _member_call(self.node.members.remove(member_id))
+        return await self.members()
+
+    async def member_update(self, member_id: int, peer_urls: Sequence[str]) -> list[MemberInfo]:
+        """Change a member's peer URLs."""
+        if member_id not in self.node.cluster.members:
+            raise errors.MEMBER_NOT_FOUND
+        await _member_call(self.node.members.update(member_id, peer_urls))
+        return await self.members()
+
+    async def member_promote(self, member_id: int) -> list[MemberInfo]:
+        """Make a learner member a voter (etcd: only once it is in sync with the leader)."""
+        rec = self.node.cluster.members.get(member_id)
+        if rec is None:
+            raise errors.MEMBER_NOT_FOUND
+        if not rec.is_learner:
+            raise _MEMBER_ERRORS["not_learner"]
+        if not self._learner_ready(member_id):
+            raise EtcdError(grpc.StatusCode.FAILED_PRECONDITION, MSG_LEARNER_NOT_READY)
+        await _member_call(self.node.members.promote(member_id))
+        return await self.members()
+
+    def _learner_ready(self, member_id: int) -> bool:
+        """etcd's in-sync check, where this node can see it: in every group this node
+        leads, the learner's match index is within ``CATCH_UP_SLACK`` of the log. A node
+        leading no group cannot tell and accepts (the group leaders promote a learner
+        only once it caught up anyway)."""
+        for g in self.node.host.groups.values():
+            if g.core.role != Role.LEADER:
+                continue
+            pr = g.core.progress.get(member_id)
+            if pr is None or pr.match == 0 or pr.match + CATCH_UP_SLACK < g.core.last_index:
+                return False
+        return True
+
+    # --- maintenance ---------------------------------------------------------------------
+    async def status(self) -> StatusInfo:
+        g = self._group
+        size = await self._db_size()
+        return StatusInfo(
+            version=ETCD_COMPAT_VERSION,
+            db_size=size,
+            db_size_in_use=size,
+            leader=g.core.leader_id,
+            raft_index=g.core.commit_index,
+            raft_term=g.core.term,
+            raft_applied_index=g.applied,
+            errors=self.alarms.names(),
+            is_learner=self.node.member_id in g.core.conf_state.learners,
+        )
+
+    async def _db_size(self) -> int:
+        """Bytes this member keeps on disk (log segments and snapshots), like etcd's dbSize.
+
+        A stat of the data directory's files, off the loop: clients such as Kubernetes
+        poll Status, so it must not serialize the store.
+        """
+        root = self.node.data_dir
+
+        def walk() -> int:
+            total = 0
+            for p in root.rglob("*"):
+                with contextlib.suppress(FileNotFoundError):  # a segment deleted meanwhile
+                    if p.is_file():
+                        total += p.stat().st_size
+            return total
+
+        return await asyncio.to_thread(walk)
+
+    async def _image(self) -> bytes:
+        """The store's image: shard 0's snapshot, or every shard's in one msgpack list."""
+        if self.shards == 1:
+            return await asyncio.to_thread(self.sm.prepare_snapshot())
+        captures = [m.prepare_snapshot() for m in self.machines]
+
+        def serialize() -> bytes:
+            packed: bytes = msgpack.packb(
+                ["accord-shards", [c() for c in captures]], use_bin_type=True)
+            return packed
+
+        return await asyncio.to_thread(serialize)
+
+    async def snapshot(self) -> tuple[int, bytes]:
+        rev = self.revision
+        return rev, await self._image()
+
+    async def defragment(self) -> None:
+        """Nothing to reclaim: compacted history leaves memory when compaction applies."""
+
+    async def hash(self) -> int:
+        return int(crc32c.crc32c(await self._image()))
+
+    async def move_leader(self, target_id: int) -> None:
+        host = self.node.host
+        if self._group.core.role != Role.LEADER:
+            raise errors.NOT_LEADER
+        if target_id not in self._group.core.conf_state.voters or target_id == self.node.member_id:
+            raise errors.BAD_LEADER_TRANSFEREE
+        for gid, g in host.groups.items():
+            if g.core.role == Role.LEADER and target_id in g.core.conf_state.voters:
+                host.transfer_leader(gid, target_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while loop.time() < deadline:
+            if self._group.core.leader_id == target_id:
+                return
+            await asyncio.sleep(0.02)
+        raise errors.TIMEOUT

@@ -1,0 +1,88 @@
+"""A WAL writer to be killed with SIGKILL at random points (used by test_wal_crash.py).
+
+Run as ``python -m tests.raft.storage.crash_writer zygote`` from the repository root:
+the process imports everything once, then serves commands on stdin so that each
+crash round costs a fork rather than a Python start-up:
+
+* ``run WALDIR ACKFILE SEED CONF_BASE [SEGMENT_BYTES]`` forks a writer child and
+  answers ``pid N`` (segments of ``SEGMENT_BYTES``, 4096 unless given).
+  The child opens the WAL (recovering it), then four asyncio tasks submit batches
+  from ``Workload(SEED, recovered, conf_base=CONF_BASE)`` in a fixed order and,
+  after each batch is durable, append its number to ACKFILE (one ``os.write`` per
+  line, so a SIGKILL never loses an acknowledgement line that was written). The
+  first line is ``open`` once recovery finished.
+* ``reap N`` waits for child N (which the test has killed) and answers ``reaped N``.
+
+Run as ``python -m tests.raft.storage.crash_writer WALDIR ACKFILE SEED CONF_BASE`` it is
+the writer itself, without forking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import sys
+
+from accord.raft.storage.wal import WriteAheadLog
+
+from .model import Workload
+
+TASKS = 4
+SEGMENT_BYTES = 4096
+MAX_BATCHES_PER_TASK = 400
+
+
+def write_acks(
+    waldir: str, ackfile: str, seed: int, conf_base: int, segment_bytes: int = SEGMENT_BYTES
+) -> None:
+    fd = os.open(ackfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    async def main() -> None:
+        wal, rec = WriteAheadLog.open(waldir, segment_bytes=segment_bytes, sync=True)
+        os.write(fd, b"open\n")
+        gen = Workload(seed, rec, conf_base=conf_base)
+        numbers = itertools.count()
+
+        async def task() -> None:
+            for _ in range(MAX_BATCHES_PER_TASK):
+                j = next(numbers)
+                batch = gen.next_batch()
+                await wal.append(batch)
+                os.write(fd, f"{j}\n".encode())
+
+        try:
+            await asyncio.gather(*(task() for _ in range(TASKS)))
+        finally:
+            wal.close()
+
+    asyncio.run(main())
+
+
+def zygote() -> None:
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        if cmd[0] == "run":
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    seg = int(cmd[5]) if len(cmd) > 5 else SEGMENT_BYTES
+                    write_acks(cmd[1], cmd[2], int(cmd[3]), int(cmd[4]), seg)
+                except BaseException:
+                    code = 1
+                os._exit(code)
+            print(f"pid {pid}", flush=True)
+        elif cmd[0] == "reap":
+            pid = int(cmd[1])
+            _, status = os.waitpid(pid, 0)
+            print(f"reaped {pid} {status}", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["zygote"]:
+        zygote()
+    else:
+        write_acks(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
