@@ -1,6 +1,6 @@
 """The vocabulary of the Raft core: entries, hard state, messages, snapshots, Ready.
 
-These types are the contract between the pure core (``core.py``) and everything
+These types are the contract between the pure core (``raft.py``) and everything
 around it: the shared write-ahead log persists ``HardState`` and ``Entry``;
 the transport carries ``Message``; the host drives ``Ready``/``advance``.
 They are plain data with no behaviour, so that every layer (and the

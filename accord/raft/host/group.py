@@ -1,6 +1,6 @@
 """What the Multi-Raft host is made of: the per-group record and the host's contracts.
 
-``host.py`` drives groups; this module holds what it drives them with: the
+``multiraft.py`` drives groups; this module holds what it drives them with: the
 :class:`StateMachine` and :class:`Transport` protocols it needs from the node, its
 :class:`HostConfig`, the :class:`Group` record (a core, its state machine, and the
 futures waiting on it), the errors clients see, and :class:`FileSource` (a snapshot

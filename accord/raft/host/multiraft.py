@@ -12,7 +12,7 @@ The shape is TiKV's batch system: a poll loop takes every group that has work
 3. then the messages that promise durable state (votes, append acks);
 4. committed entries are queued for the apply task, which runs apart from the
    poll loop, so a slow state machine delays answers, never heartbeats; only a
-   turn that writes nothing applies a short queue itself (``_dispatch_applies``),
+   turn that writes nothing applies a short queue itself (``Applier.dispatch``),
    and then sends its messages one loop iteration later, after the answers.
 
 Latency: a message read from a peer is stepped inside the transport's read callback,
@@ -20,13 +20,14 @@ and when the poll loop is idle the turn runs right there (``_turn_now``) instead
 one loop iteration later in the poll task; a turn that must write hands its write
 to the poll task, which starts no other turn until it is done.
 
-Modules: this one drives the groups (poll loop, ticks, inbound messages, group
-and peer bookkeeping); ``hostpropose.py`` holds the proposing side (proposals from
-any replica, forwarding and refusals, waits, membership changes); ``hostapply.py``
-the read and apply side (ReadIndex waiters, the apply task, snapshots);
-``hostgroup.py`` the ``Group`` record and the contracts (``StateMachine``,
-``Transport``, ``HostConfig``). The answer to a proposal is the state machine's
-return value for its entry (the same on every replica).
+Collaborators, one job each: this module drives the groups (poll loop, turns,
+ticks, inbound messages, group and peer bookkeeping) and owns a ``Proposer``
+(``propose.py``: proposals from any replica, forwarding and refusals, membership
+changes), ``ReadRounds`` (``reads.py``: ReadIndex rounds), an ``Applier``
+(``apply.py``: the apply task, answers, snapshots) and ``Waits`` (``waits.py``: the
+deadlines of waiting callers). ``group.py`` holds the ``Group`` record and the
+contracts (``StateMachine``, ``Transport``, ``HostConfig``). The answer to a proposal
+is the state machine's return value for its entry (the same on every replica).
 
 Linearizable reads go through ReadIndex: one ``read_index`` round per group is in
 flight at a time, and every read that arrives meanwhile shares the next one (as
@@ -55,13 +56,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
-from accord.raft.core.confchange import (
-    members,
-)
+from accord.raft.core.confchange import ConfChange, members
 from accord.raft.core.raft import Config as CoreConfig
 from accord.raft.core.raft import RaftCore
 from accord.raft.core.types import (
@@ -73,8 +70,8 @@ from accord.raft.core.types import (
     Ready,
     Role,
     Snapshot,
-    SnapshotMeta,
 )
+from accord.raft.host.apply import Applier
 from accord.raft.host.group import (
     ApplyError,
     FileSource,
@@ -85,13 +82,15 @@ from accord.raft.host.group import (
     StateMachine,
     Transport,
 )
-from accord.raft.host.propose import Proposals
+from accord.raft.host.propose import Proposer
 from accord.raft.host.quiesce import (
     QUIESCE_CONTEXT,
     PeerLiveness,
     follower_can_quiesce,
     leader_can_quiesce,
 )
+from accord.raft.host.reads import ReadRounds, fail_futures
+from accord.raft.host.waits import Waits
 from accord.raft.storage.snapshot import SnapshotReceiver, SnapshotStore
 from accord.raft.storage.wal import WALFatalError, WriteAheadLog, WriteBatch
 from accord.raft.transport.codec import SnapshotPiece
@@ -106,13 +105,13 @@ __all__ = [
     "Transport",
 ]
 
-log = logging.getLogger("accord.raft.host.multiraft")
+log = logging.getLogger("accord.raft.host")
 
 
 
 
 
-class MultiRaftHost(Proposals):
+class MultiRaftHost:
     """Drives every Raft group of one node (see the module docstring)."""
 
     def __init__(
@@ -134,15 +133,7 @@ class MultiRaftHost(Proposals):
         self._groups: dict[int, Group] = {}
         self._dirty: set[Group] = set()
         self._wake = asyncio.Event()
-        self._apply_wake = asyncio.Event()
-        self._apply_ready: set[Group] = set()
         self._boot = boot_nonce & 0xFFFFFFFFFFFFFFFF
-        self._seq = (self._boot & 0xFFFFFFFF) << 32
-        """Proposal sequence numbers start from this boot's nonce: a restarted node
-        re-applies entries it proposed in an earlier life, and their (node, sequence)
-        must not match a proposal of this one and answer it with another command's
-        result."""
-        self._read_seq = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._receivers: dict[tuple[int, int, int], SnapshotReceiver] = {}
         self._snapshot_loads: set[asyncio.Task[None]] = set()
@@ -155,29 +146,62 @@ class MultiRaftHost(Proposals):
         """A turn ``_turn_now`` started whose write the poll task must finish."""
         self._halted = False
         """``stop`` was called."""
-        self._pending_compactions: list[tuple[int, SnapshotMeta]] = []
         self._pending_confs: list[tuple[int, int, ConfState]] = []
         self._fatal: BaseException | None = None
         self._stopped = asyncio.Event()
-        self._expiry: deque[tuple[float, asyncio.Future[Any]]] = deque()
-        """(deadline, future) of waits with the default timeout, oldest first: one sweep
-        per tick replaces a timer per request."""
         self._active: set[Group] = set()
         """Groups that tick (not quiesced)."""
         self._peer_nodes: set[int] = set()
         self._liveness = PeerLiveness(
             self.config.tick_interval, self.config.tick_interval * self.config.election_ticks)
         self._quiesce = self.config.quiesce and not self.config.lease_read
-        self._refusals: dict[tuple[int, int], int] = {}
-        """(group, sequence) of our proposals a leader refused -> how many times."""
         self._next_tick = float("inf")
         """When the next tick is due (``_ticks_owed``); set when the ticker starts."""
         self.turns = 0
         """Poll-loop rounds that wrote to the log (for metrics and tests)."""
-        self.answered = 0
         self.fast_elections = 0
         """Groups whose election timer a lost leader link fast-forwarded (metrics, tests)."""
+        self.waits = Waits(self._loop, self.config.request_timeout)
+        self.reads = ReadRounds(node_id, self._boot, self._loop, self._mark)
+        self.applier = Applier(node_id, self.config, snapshots, self._mark)
+        self.proposer = Proposer(
+            node_id, self._boot, self.config, self._loop, self._groups, transport, self.waits,
+            mark=self._mark, activate=self._activate, forwarded=self._note_forwarded,
+            check_alive=self._check_alive, running=self._running)
         transport.add_peer_lost_listener(self.peer_lost)
+
+    # ------------------------------------------------------------------ plumbing
+    def _mark(self, g: Group) -> None:
+        """``g`` has work: the next turn takes it."""
+        self._dirty.add(g)
+        self._wake.set()
+
+    def _activate(self, g: Group) -> None:
+        """Let ``g`` tick again (a quiesced group wakes for any work)."""
+        g.idle_ticks = 0
+        self._active.add(g)
+
+    def _note_forwarded(self) -> None:
+        """A message went to a peer outside a turn: the next turn flushes the links."""
+        self._flush_forwarded = True
+        self._wake.set()
+
+    def _check_alive(self) -> None:
+        if self._fatal is not None:
+            raise GroupUnavailable("request timed out")
+
+    def _running(self) -> bool:
+        return not self._halted and self._fatal is None
+
+    def _fail_waiters(self, g: Group, err: BaseException) -> None:
+        """Fail every proposal and read waiting on ``g``."""
+        fail_futures(g.proposals.values(), err)
+        ReadRounds.fail_all(g, err)
+
+    @property
+    def answered(self) -> int:
+        """Proposals of this node answered by their apply (metrics and tests)."""
+        return self.applier.answered
 
     # ------------------------------------------------------------------ groups
     def add_group(
@@ -290,7 +314,7 @@ class MultiRaftHost(Proposals):
         """Start the poll loop, the apply task and the ticker."""
         self._tasks = [
             asyncio.create_task(self._poll_loop(), name=f"raft-poll-{self.node_id}"),
-            asyncio.create_task(self._apply_loop(), name=f"raft-apply-{self.node_id}"),
+            asyncio.create_task(self.applier.run(), name=f"raft-apply-{self.node_id}"),
             asyncio.create_task(self._ticker(), name=f"raft-tick-{self.node_id}"),
         ]
 
@@ -331,7 +355,18 @@ class MultiRaftHost(Proposals):
         g.reads_pending.append(fut)
         self._activate(g)
         self._mark(g)
-        await self._wait(fut, timeout)
+        await self.waits.wait(fut, timeout)
+
+    async def propose(self, group_id: int, payload: bytes, timeout: float | None = None) -> object:
+        """Replicate ``payload`` in the group and return the state machine's answer."""
+        return await self.proposer.propose(group_id, payload, timeout)
+
+    async def propose_conf_change(
+        self, group_id: int, cc: ConfChange, timeout: float | None = None
+    ) -> ConfState:
+        """Change the group's membership; the membership once this node applied it
+        (see ``Proposer.propose_conf_change``)."""
+        return await self.proposer.propose_conf_change(group_id, cc, timeout)
 
     def transfer_leader(self, group_id: int, target: int) -> None:
         """Ask the group's leader (this node) to hand leadership to ``target``."""
@@ -362,7 +397,7 @@ class MultiRaftHost(Proposals):
             if g.core.log.snapshot_index > 0:
                 return g.core.log.snapshot_index
             if g.applied > 0 and not g.snapshot_busy:
-                await self._take_snapshot(g)  # may decline (the core not caught up yet)
+                await self.applier.take_snapshot(g)  # may decline (the core not caught up yet)
                 if g.core.log.snapshot_index > 0:
                     continue
             if self._loop.time() >= deadline:
@@ -398,9 +433,9 @@ class MultiRaftHost(Proposals):
                 g.quiesce_from = msg.frm
             if msg.type == MessageType.PROPOSE:
                 if msg.reject:
-                    self._forward_refused(g, msg)
+                    self.proposer.forward_refused(g, msg)
                 else:
-                    self._handle_forwarded(g, msg)
+                    self.proposer.handle_forwarded(g, msg)
                 continue
             if msg.type == MessageType.READ_INDEX and g.core.role == Role.LEADER:
                 g.load[msg.frm] = g.load.get(msg.frm, 0) + 1
@@ -487,7 +522,7 @@ class MultiRaftHost(Proposals):
     def _tick(self, ticks: int) -> None:
         if ticks <= 0:
             return
-        self._expire_waits()
+        self.waits.expire()
         for peer in self._peer_nodes:
             self._transport.send_heartbeat(peer, 0, 0, 0)
         for g in list(self._active):
@@ -593,10 +628,10 @@ class MultiRaftHost(Proposals):
         readies: list[tuple[Group, Ready]] = []
         for g in dirty:
             if g.reads_pending and (not g.reads_issued or self._read_round_overdue(g)):
-                self._issue_reads(g)
+                self.reads.issue(g)
             if g.core.has_ready():
                 readies.append((g, g.core.ready()))
-        compactions, self._pending_compactions = self._pending_compactions, []
+        compactions, self.applier.compactions = self.applier.compactions, []
         confs, self._pending_confs = self._pending_confs, []
         if not readies and not compactions and not confs:
             return None
@@ -633,13 +668,13 @@ class MultiRaftHost(Proposals):
             # the next loop iteration, after those callers had their turn to answer;
             # if not (the proposals came from other nodes, which answer once they
             # learn the commit), at once.
-            answered = self.answered
-            self._dispatch_applies(handed, inline=True)
-            self._end_turn(readies, defer_flush=self.answered != answered)
+            answered = self.applier.answered
+            self.applier.dispatch(handed, inline=True)
+            self._end_turn(readies, defer_flush=self.applier.answered != answered)
             return None
         transport.flush()
         if handed:
-            self._dispatch_applies(handed, inline=False)
+            self.applier.dispatch(handed, inline=False)
         if len(batch):
             return batch, readies
         self._end_turn(readies)
@@ -668,21 +703,19 @@ class MultiRaftHost(Proposals):
     def _after_persist(self, g: Group, rd: Ready) -> None:
         if rd.soft_state is not None:
             self._activate(g)
-            self._reissue_reads(g, rd.soft_state.leader)
+            self.reads.reissue(g, rd.soft_state.leader)
             for cb in g.leader_listeners:
                 cb(g.id, rd.soft_state.leader)
         if rd.snapshot is not None:
             g.apply_queue.clear()
             g.pending_restore = rd.snapshot
-            self._apply_ready.add(g)
-            self._apply_wake.set()
+            self.applier.schedule(g)
             self._hand_out(g, rd)
         g.core.advance(rd)
         if g.applied - g.last_snapshot_index >= self.config.snapshot_entries:
-            self._apply_ready.add(g)  # the apply task checks again whether to snapshot
-            self._apply_wake.set()
+            self.applier.schedule(g)  # the apply task checks again whether to snapshot
         if g.reads_waiting:
-            self._release_reads(g)
+            ReadRounds.release(g)
         cs = g.core.conf_state
         if cs != g.persisted_conf:
             if g.persisted_conf is not None and members(cs) - members(g.persisted_conf):
@@ -698,8 +731,7 @@ class MultiRaftHost(Proposals):
             if g.core.log.snapshot_index > 0:
                 g.want_compaction = False
             else:
-                self._apply_ready.add(g)  # the apply task snapshots once the core caught up
-                self._apply_wake.set()
+                self.applier.schedule(g)  # the apply task snapshots once the core caught up
         if g.core.has_ready():
             self._mark(g)
         elif g.quiesce_from != NO_NODE:
@@ -711,7 +743,7 @@ class MultiRaftHost(Proposals):
         """Queue ``rd``'s committed entries; note its ReadIndex answers.
 
         With ``wake`` the apply task is woken for them; without, the caller dispatches
-        them (``_dispatch_applies``). True when entries were queued.
+        them (``Applier.dispatch``). True when entries were queued.
         """
         for rs in rd.read_states:
             issued = g.reads_issued.pop(rs.request_ctx, None)
@@ -724,8 +756,7 @@ class MultiRaftHost(Proposals):
             return False
         g.apply_queue.extend(rd.committed_entries)
         if wake:
-            self._apply_ready.add(g)
-            self._apply_wake.set()
+            self.applier.schedule(g)
         return True
 
     def _pending_conf(self, g: Group, cs: ConfState) -> None:

@@ -1,8 +1,7 @@
 """The host's proposing side: proposals from any replica, forwarding, refusals, waits.
 
-``MultiRaftHost`` (``host.py``) inherits this mixin (which inherits the read and apply
-side, ``hostapply.py``); it is split out only to keep each module readable. State is
-owned and initialised by ``MultiRaftHost``.
+``MultiRaftHost`` (``multiraft.py``) owns one ``Proposer`` and hands it proposals, the
+forwarded proposals that arrive from peers, and the refusals of its own.
 
 Proposals carry an envelope ``[origin node, sequence, payload]``; sequence numbers
 start from the boot's nonce, so no entry a node proposed before a restart (and applies
@@ -22,8 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
-from typing import Any, TypeVar
+from collections.abc import Callable
 
 import msgpack
 
@@ -38,11 +36,10 @@ from accord.raft.core.types import (
     ProposalDropped,
     Role,
 )
-from accord.raft.host.apply import ReadsAndApply
-from accord.raft.host.group import Group, GroupUnavailable, Transport
+from accord.raft.host.group import Group, GroupUnavailable, HostConfig, Transport
+from accord.raft.host.waits import Waits
 
-log = logging.getLogger("accord.raft.host.multiraft")
-T = TypeVar("T")
+log = logging.getLogger("accord.raft.host")
 
 _ENVELOPE = msgpack.Packer(use_bin_type=True)
 
@@ -54,23 +51,34 @@ the wait, up to ``FORWARD_RETRY_MAX`` (an election can take a while)."""
 FORWARD_RETRY_MAX = 0.2
 
 
-class Proposals(ReadsAndApply):
-    """Proposing behaviour of ``MultiRaftHost`` (state is owned and initialised there)."""
+class Proposer:
+    """Proposals of one node: submitted, forwarded, refused and submitted again."""
 
-    _groups: dict[int, Group]
-    _transport: Transport
-    _seq: int
-    _flush_forwarded: bool
-    _expiry: deque[tuple[float, asyncio.Future[Any]]]
-    _active: set[Group]
-    _refusals: dict[tuple[int, int], int]
-    _halted: bool
-    _fatal: BaseException | None
-
-    def _activate(self, g: Group) -> None:
-        """Let ``g`` tick again (a quiesced group wakes for any work)."""
-        g.idle_ticks = 0
-        self._active.add(g)
+    def __init__(self, node_id: int, boot: int, config: HostConfig,
+                 loop: asyncio.AbstractEventLoop, groups: dict[int, Group],
+                 transport: Transport, waits: Waits, *,
+                 mark: Callable[[Group], None], activate: Callable[[Group], None],
+                 forwarded: Callable[[], None], check_alive: Callable[[], None],
+                 running: Callable[[], bool]) -> None:
+        self.node_id = node_id
+        self.config = config
+        self._loop = loop
+        self._groups = groups
+        self._transport = transport
+        self._waits = waits
+        self._mark = mark
+        self._activate = activate
+        self._forwarded = forwarded
+        """Tells the host a message went to a peer outside a turn: flush and wake."""
+        self._check_alive = check_alive
+        self._running = running
+        self._seq = (boot & 0xFFFFFFFF) << 32
+        """Proposal sequence numbers start from this boot's nonce: a restarted node
+        re-applies entries it proposed in an earlier life, and their (node, sequence)
+        must not match a proposal of this one and answer it with another command's
+        result."""
+        self.refusals: dict[tuple[int, int], int] = {}
+        """(group, sequence) of our proposals a leader refused -> how many times."""
 
     # ------------------------------------------------------------------ proposals
     async def propose(self, group_id: int, payload: bytes, timeout: float | None = None) -> object:
@@ -84,27 +92,27 @@ class Proposals(ReadsAndApply):
         g.proposals[seq] = fut
         try:
             try:
-                self._submit(g, data)
+                self.submit(g, data)
             except GroupUnavailable as e:
                 if g.core.role == Role.LEADER and g.core.lead_transferee != NO_NODE:
                     # Refused while handing leadership over: submit again once the
                     # transfer is done (to the new leader) or abandoned (here).
                     self._retry_later(g, seq, data)
-                    return await self._wait(fut, timeout)
+                    return await self._waits.wait(fut, timeout)
                 if e.reason != "no leader":
                     raise
                 # A group between leaders (at start, after a crash) elects within an
                 # election timeout or two: wait that long rather than fail at once.
                 start = self._loop.time()
                 await self._await_leader(g, timeout)
-                self._submit(g, data)
+                self.submit(g, data)
                 if timeout is not None:
                     timeout = max(0.0, timeout - (self._loop.time() - start))
-            return await self._wait(fut, timeout)
+            return await self._waits.wait(fut, timeout)
         finally:
             g.proposals.pop(seq, None)
-            if self._refusals:
-                self._refusals.pop((group_id, seq), None)
+            if self.refusals:
+                self.refusals.pop((group_id, seq), None)
 
     async def _await_leader(self, g: Group, timeout: float | None) -> None:
         """Return once ``g`` knows a leader; ``no leader`` after two election timeouts,
@@ -119,26 +127,7 @@ class Proposals(ReadsAndApply):
                 raise GroupUnavailable("no leader")
             await asyncio.sleep(cfg.tick_interval)
 
-    async def _wait(self, fut: asyncio.Future[T], timeout: float | None) -> T:
-        """Await ``fut``; past the timeout it fails with ``request timed out``."""
-        if timeout is None:
-            self._expiry.append((self._loop.time() + self.config.request_timeout, fut))
-            return await fut
-        try:
-            async with asyncio.timeout(timeout):
-                return await fut
-        except TimeoutError:
-            raise GroupUnavailable("request timed out") from None
-
-    def _expire_waits(self) -> None:
-        now = self._loop.time()
-        q = self._expiry
-        while q and q[0][0] <= now:
-            _, fut = q.popleft()
-            if not fut.done():
-                fut.set_exception(GroupUnavailable("request timed out"))
-
-    def _submit(self, g: Group, data: bytes) -> None:
+    def submit(self, g: Group, data: bytes) -> None:
         self._activate(g)
         core = g.core
         if core.role == Role.LEADER:
@@ -155,12 +144,7 @@ class Proposals(ReadsAndApply):
         msg = Message(MessageType.PROPOSE, to=leader, frm=self.node_id, term=core.term,
                       entries=[Entry(0, 0, EntryType.NORMAL, data)])
         self._transport.send(leader, g.id, msg)
-        self._flush_forwarded = True  # one flush per turn for every forwarded proposal
-        self._wake.set()
-
-    def _check_alive(self) -> None:
-        if self._fatal is not None:
-            raise GroupUnavailable("request timed out")
+        self._forwarded()  # one flush per turn for every forwarded proposal
 
     # ------------------------------------------------------------------ membership
     async def propose_conf_change(
@@ -215,11 +199,10 @@ class Proposals(ReadsAndApply):
         msg = Message(MessageType.PROPOSE, to=leader, frm=self.node_id, term=core.term,
                       entries=[Entry(0, 0, EntryType.CONF_CHANGE, cc.encode())])
         self._transport.send(leader, g.id, msg)
-        self._flush_forwarded = True
-        self._wake.set()
+        self._forwarded()
 
     # ------------------------------------------------------------------ forwarding
-    def _handle_forwarded(self, g: Group, msg: Message) -> None:
+    def handle_forwarded(self, g: Group, msg: Message) -> None:
         if g.core.role != Role.LEADER:
             self._refuse_forwarded(g, msg, msg.entries)
             return
@@ -253,10 +236,9 @@ class Proposals(ReadsAndApply):
         self._transport.send(msg.frm, g.id, Message(
             MessageType.PROPOSE, to=msg.frm, frm=self.node_id, term=g.core.term,
             entries=normal, reject=True))
-        self._flush_forwarded = True
-        self._wake.set()
+        self._forwarded()
 
-    def _forward_refused(self, g: Group, msg: Message) -> None:
+    def forward_refused(self, g: Group, msg: Message) -> None:
         """Our forwarded proposals came back unappended: submit each again shortly."""
         for e in msg.entries:
             try:
@@ -268,18 +250,18 @@ class Proposals(ReadsAndApply):
 
     def _retry_later(self, g: Group, seq: int, data: bytes) -> None:
         """Submit a refused proposal again after a pause that doubles per refusal."""
-        n = self._refusals.get((g.id, seq), 0)
-        self._refusals[(g.id, seq)] = n + 1
+        n = self.refusals.get((g.id, seq), 0)
+        self.refusals[(g.id, seq)] = n + 1
         delay = min(FORWARD_RETRY_DELAY * 2 ** min(n, 16), FORWARD_RETRY_MAX)
         self._loop.call_later(delay, self._forward_again, g, seq, data)
 
     def _forward_again(self, g: Group, seq: int, data: bytes) -> None:
         """Submit a refused proposal again, to whoever leads now, while its caller waits."""
         fut = g.proposals.get(seq)
-        if fut is None or fut.done() or self._halted or self._fatal is not None:
+        if fut is None or fut.done() or not self._running():
             return
         try:
-            self._submit(g, data)
+            self.submit(g, data)
         except GroupUnavailable:  # no leader yet, or this node leads and still refuses
             self._retry_later(g, seq, data)
 

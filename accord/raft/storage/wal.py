@@ -79,7 +79,7 @@ older segments only matter for the entries they hold; the oldest segments are
 deleted (one by one, oldest first, each deletion made durable before the next) once
 every group's entries in them are covered by a durable snapshot/compaction or were
 discarded by a snapshot install or a group removal. The on-disk format and recovery
-rules are in ``storage_codec.py``.
+rules are in ``format.py``.
 
 Recovery (``open``) zeroes a torn final record (and removes a half-created last
 segment and any ``.prep`` file), then rebuilds every group; a zero-filled tail after

@@ -214,7 +214,7 @@ async def test_a_proposal_the_leader_refuses_during_a_transfer_is_forwarded_agai
     payload = msgpack.packb(["moved", "once"])
     index = await cluster.nodes[origin].host.propose(gid, payload, timeout=2.0)
     assert isinstance(index, int)
-    assert not cluster.nodes[origin].host._refusals  # nothing kept once answered
+    assert not cluster.nodes[origin].host.proposer.refusals  # nothing kept once answered
     for nid in (lead, origin):
         await cluster.nodes[nid].host.read_barrier(gid)
         applied = cluster.nodes[nid].sms[gid].applied
@@ -299,7 +299,7 @@ async def test_reads_arriving_during_a_read_round_share_the_next_one(cluster: Cl
     lead = await cluster.leader(gid)
     await cluster.put(lead, gid, "x", "1")
     host = cluster.nodes[lead].host
-    rounds_before = host._read_seq
+    rounds_before = host.reads.seq
     reads = []
     for _ in range(40):  # one new read per loop iteration
         reads.append(asyncio.ensure_future(host.read_barrier(gid, timeout=3.0)))
@@ -307,7 +307,7 @@ async def test_reads_arriving_during_a_read_round_share_the_next_one(cluster: Cl
     await asyncio.gather(*reads)
     # A round takes at least two loop iterations here (the followers share the loop):
     # 40 reads take about 20 rounds, where one round per iteration made 40.
-    assert host._read_seq - rounds_before < 30
+    assert host.reads.seq - rounds_before < 30
 
 
 async def test_a_read_round_that_is_never_answered_does_not_hold_later_reads(

@@ -218,19 +218,19 @@ async def test_only_a_short_queue_is_applied_inline(cluster: Cluster, count: int
         Entry(term=g.applied_term, index=start + i, type=EntryType.NORMAL,
               data=bytes(msgpack.packb([99, i, msgpack.packb([f"q{i}", "v"])])))
         for i in range(1, count + 1))
-    host._dispatch_applies([g], inline=True)
+    host.applier.dispatch([g], inline=True)
     if inline:
         assert g.applied == start + count and not g.apply_queue
         assert node.sms[3].data[f"q{count}"] == "v"
-        assert g not in host._apply_ready
+        assert g not in host.applier.ready
     else:
         assert g.applied == start and len(g.apply_queue) == count
-        assert g in host._apply_ready and host._apply_wake.is_set()
+        assert g in host.applier.ready and host.applier.wake.is_set()
     # Not inline either when the turn writes: the task applies during the write.
     g.apply_queue.append(Entry(term=g.applied_term, index=g.applied + len(g.apply_queue) + 1))
     before = g.applied
-    host._dispatch_applies([g], inline=False)
-    assert g.applied == before and g in host._apply_ready
+    host.applier.dispatch([g], inline=False)
+    assert g.applied == before and g in host.applier.ready
 
 
 async def test_proposals_and_reads_from_every_node_with_direct_turns(cluster: Cluster) -> None:

@@ -1,6 +1,6 @@
 """A reference model of what the WAL must recover, and a random workload generator.
 
-The model is written independently of ``storage_codec.GroupReplay``: per group a
+The model is written independently of ``format.GroupReplay``: per group a
 dict of entries by index, the snapshot, the conf state and the hard state,
 updated record by record in the order the WAL writes them. Tests compare what
 ``WriteAheadLog.open`` recovers with the model after every acknowledged batch
