@@ -43,7 +43,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from accord.config import ConfigError
+from accord.node.config import ConfigError
 
 log = logging.getLogger("accord.node.tls")
 

@@ -19,8 +19,8 @@ import uvloop
 
 from accord.node.certs import CertFiles, CertificateAuthority, make_cluster_pki
 from accord.node.tls import ReloadingTLS, TLSFiles
+from accord.raft.core.types import ConfState, Entry, Message, MessageType, SnapshotMeta
 from accord.raft.transport.links import BytesSnapshotSource, PeerTLS, PeerTransport
-from accord.raft.types import Entry, Message, MessageType, SnapshotMeta, ConfState
 
 CLUSTER = 0x7151
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
@@ -140,8 +140,11 @@ def test_a_peer_without_a_certificate_is_refused_and_logged(
 def test_a_peer_with_a_certificate_of_another_ca_is_refused_and_logged(
         loop: str, pki: tuple[CertificateAuthority, dict[str, CertFiles]], tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
+    # The intruder trusts the cluster's CA (its certificate is no secret) but presents a
+    # certificate signed by another CA: the acceptor's own verification must refuse it.
     other = make_cluster_pki(tmp_path / "other", ["n1"])[1]["n1"]
-    _refused(loop, _tls(other)[1], _tls(pki[1]["n2"])[1], caplog, "certificate verify failed")
+    intruder = CertFiles(other.cert, other.key, pki[1]["n2"].ca)
+    _refused(loop, _tls(intruder)[1], _tls(pki[1]["n2"])[1], caplog, "certificate verify failed")
 
 
 @pytest.mark.parametrize("loop", LOOPS)

@@ -54,12 +54,14 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from accord.raft.core.types import Message, SnapshotMeta
 from accord.raft.transport import codec, snapstream
+from accord.raft.transport import tls as peertls
 from accord.raft.transport.codec import (
     PROTOCOL_VERSION,
     CodecError,
@@ -82,12 +84,14 @@ from accord.raft.transport.snapstream import (
     SnapshotSendError,
     SnapshotSource,
 )
+from accord.raft.transport.tls import PeerTLS, TLSRefused
 
 __all__ = [
     "BytesSnapshotSource",
     "OnHeartbeats",
     "OnMessages",
     "OnSnapshotChunk",
+    "PeerTLS",
     "PeerTransport",
     "SnapshotSendError",
     "SnapshotSource",
@@ -126,6 +130,8 @@ class TransportStats:
     snapshot_retries: int = 0
     peers_lost: int = 0
     """Links that closed and could not be redialed (reported to peer-lost listeners)."""
+    tls_refused: int = 0
+    """Inbound connections refused in the TLS handshake (no or an untrusted certificate)."""
 
 
 @dataclass(slots=True)
@@ -169,6 +175,7 @@ class PeerTransport:
         idle_timeout: float = 10.0,
         backoff_min: float = 0.05,
         backoff_max: float = 2.0,
+        tls: PeerTLS | None = None,
     ) -> None:
         """Make a transport; nothing happens on the network until ``start``.
 
@@ -176,7 +183,9 @@ class PeerTransport:
         ``max_queue_bytes`` bounds a peer's unsent socket buffer; ``max_frame_bytes``
         bounds one frame both ways (batches are split below it; larger inbound
         frames close the connection). ``idle_timeout`` closes an inbound connection
-        that sent nothing (not even a keepalive) for that long.
+        that sent nothing (not even a keepalive) for that long. ``tls`` puts every
+        connection, both ways, under mutual TLS (see ``tls.py``); without it the
+        links are plaintext.
         """
         if node_id <= 0:
             raise ValueError(f"node_id must be > 0, got {node_id}")
@@ -200,10 +209,11 @@ class PeerTransport:
         self._idle_timeout = idle_timeout
         self._backoff_min = backoff_min
         self._backoff_max = backoff_max
+        self._tls = tls
         self._rng = random.Random()
         self._peers: dict[int, _Peer] = {}
         self._dirty: set[int] = set()
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | peertls.TLSListener | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._peer_lost_listeners: list[Callable[[int], None]] = []
@@ -212,7 +222,11 @@ class PeerTransport:
 
     async def start(self) -> None:
         """Listen for peers and start dialing every peer known so far."""
-        self._server = await asyncio.start_server(self._accept, self._host, self._port)
+        if self._tls is None:
+            self._server = await asyncio.start_server(self._accept, self._host, self._port)
+        else:
+            self._server = peertls.TLSListener(self._host, self._port, self._tls,
+                                               self._accept, self._tls_refused)
         for peer in self._peers.values():
             self._spawn_peer(peer)
 
@@ -388,8 +402,12 @@ class PeerTransport:
 
     async def _dial(self, peer: _Peer, kind: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Connect to ``peer`` and complete the handshake; raises OSError/TimeoutError/FrameError."""
-        reader, writer = await within(
-            asyncio.open_connection(peer.host, peer.port), self._connect_timeout)
+        if self._tls is None:
+            reader, writer = await within(
+                asyncio.open_connection(peer.host, peer.port), self._connect_timeout)
+        else:
+            reader, writer = await peertls.dial(peer.host, peer.port, self._tls,
+                                                self._connect_timeout)
         try:
             hello = Hello(PROTOCOL_VERSION, self.node_id, self.cluster_id, kind, peer.node_id)
             writer.write(frame(codec.encode_hello(hello)))
@@ -397,6 +415,9 @@ class PeerTransport:
                 payload = await read_frame(reader, _HELLO_MAX, self._io_timeout)
             except EOFError as exc:
                 raise FrameError("peer closed the connection during the handshake") from exc
+            except ssl.SSLError as exc:  # TLS 1.3: the acceptor refused our certificate
+                raise TLSRefused(f"the peer refused the TLS session: "
+                                 f"{peertls.describe(exc)}") from exc
             reason = codec.decode_reject(payload)
             if reason is not None:
                 raise FrameError(f"peer refused the handshake: {reason}")
@@ -434,7 +455,11 @@ class PeerTransport:
                 delay = await self._backoff(delay, peer)
                 continue
             self.stats.connects += 1
-            log.info("link to node %d (%s:%d) up", peer.node_id, peer.host, peer.port)
+            if self._tls is None:
+                log.info("link to node %d (%s:%d) up", peer.node_id, peer.host, peer.port)
+            else:
+                log.info("link to node %d (%s:%d) up (TLS, peer certificate CN=%s)", peer.node_id,
+                         peer.host, peer.port, peertls.peer_name(writer))
             peer.writer, peer.last_write = writer, time.monotonic()
             delay = self._backoff_min
             peer.armed = True  # from now on, a close followed by a failed redial is a loss
@@ -486,6 +511,10 @@ class PeerTransport:
             return f"unknown connection kind {h.kind!r}"
         return ""
 
+    def _tls_refused(self, addr: object, reason: str) -> None:
+        self.stats.tls_refused += 1
+        log.warning("refused a peer connection from %s: %s", addr, reason)
+
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # A plain callback that spawns a task this transport owns (and awaits in stop()).
         if self._stopping:
@@ -499,6 +528,9 @@ class PeerTransport:
         addr = writer.get_extra_info("peername")
         stage = "handshake"
         try:
+            if self._tls is not None:
+                log.info("TLS peer connection from %s (certificate CN=%s)", addr,
+                         peertls.peer_name(writer))
             payload = await read_frame(reader, _HELLO_MAX, self._io_timeout)
             try:
                 hello = codec.decode_hello(payload)
