@@ -1,18 +1,27 @@
-"""What every `accord` client subcommand shares: where the cluster is, and failing over.
+"""What every `accord` client subcommand shares: where the cluster is, how to dial it, and
+failing over.
 
-Endpoints come from ``--endpoints`` (comma-separated ``host:port``), else the
-``ACCORD_ENDPOINTS`` environment variable, else ``127.0.0.1:2379`` (etcd's default).
-A call goes to the first endpoint that answers: an unreachable member or one that timed
-out passes the call to the next; any other error is the answer.
+Endpoints come from ``--endpoints`` (comma-separated ``host:port``, ``http://`` or
+``https://``), else the ``ACCORD_ENDPOINTS`` environment variable, else
+``127.0.0.1:2379`` (etcd's default). TLS takes etcdctl's options: ``--cacert`` (the CA
+that signed the servers), ``--cert`` and ``--key`` (a client certificate), else the
+``ACCORD_CACERT``, ``ACCORD_CERT`` and ``ACCORD_KEY`` variables; ``https://`` endpoints,
+and any endpoint once one of them is set, dial TLS (``accord.client.tls``). A call goes
+to the first endpoint that answers: an unreachable member or one that timed out passes
+the call to the next; any other error is the answer.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 import grpc
+
+from accord.client.tls import TLSOptions, TLSOptionsError, sync_channel
 
 T = TypeVar("T")
 
@@ -20,17 +29,70 @@ RETRY_ON_NEXT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 """Errors that send a call on to the next endpoint."""
 
 
-def endpoints(raw: str | None) -> list[str]:
-    """The endpoints to try, in order (``http://`` prefixes allowed, as etcdctl's)."""
+class Endpoints(list[str]):
+    """The endpoints to try, in order, and the TLS options to dial them with."""
+
+    def __init__(self, items: Iterable[str], tls: TLSOptions | None = None) -> None:
+        super().__init__(items)
+        self.tls = tls
+
+    def only(self, endpoint: str) -> Endpoints:
+        """Just ``endpoint`` (a member's client URL, say), dialed the same way."""
+        return Endpoints([endpoint], self.tls)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``--endpoints`` and etcdctl's TLS options, on a client subcommand's parser."""
+    p.add_argument("--endpoints", help="comma-separated client endpoints "
+                                       "(host:port, http://host:port or https://host:port)")
+    p.add_argument("--cacert", dest="tls_cacert", metavar="FILE",
+                   help="verify servers with this CA bundle (PEM) [env ACCORD_CACERT]")
+    p.add_argument("--cert", dest="tls_cert", metavar="FILE",
+                   help="client certificate (PEM) for TLS [env ACCORD_CERT]")
+    p.add_argument("--key", dest="tls_key", metavar="FILE",
+                   help="private key (PEM) of --cert [env ACCORD_KEY]")
+
+
+def tls_options(args: argparse.Namespace) -> TLSOptions | None:
+    """``--cacert/--cert/--key`` (else ``ACCORD_CACERT``...), or None if none is set."""
+    env = os.environ
+    cacert = getattr(args, "tls_cacert", None) or env.get("ACCORD_CACERT")
+    cert = getattr(args, "tls_cert", None) or env.get("ACCORD_CERT")
+    key = getattr(args, "tls_key", None) or env.get("ACCORD_KEY")
+    if not (cacert or cert or key):
+        return None
+    tls = TLSOptions(cacert=cacert, cert=cert, key=key)
+    tls.credentials()  # read the files now: a bad one is an error before any call
+    return tls
+
+
+def from_args(args: argparse.Namespace) -> Endpoints:
+    """The endpoints and TLS options a subcommand was given; exits with status 2 and
+    the reason when a TLS option is unusable (a missing file, --cert without --key)."""
+    try:
+        tls = tls_options(args)
+    except TLSOptionsError as e:
+        print(f"accord: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return endpoints(getattr(args, "endpoints", None), tls)
+
+
+def endpoints(raw: str | None, tls: TLSOptions | None = None) -> Endpoints:
+    """The endpoints to try, in order (``http://`` and ``https://`` allowed, as etcdctl's)."""
     spec = raw or os.environ.get("ACCORD_ENDPOINTS") or "127.0.0.1:2379"
-    return [e.strip().removeprefix("http://") for e in spec.split(",") if e.strip()]
+    return Endpoints([e.strip() for e in spec.split(",") if e.strip()], tls)
+
+
+def channel(endpoint: str, endpoints: list[str]) -> grpc.Channel:
+    """A channel to ``endpoint``, dialed as ``endpoints`` says (TLS or not)."""
+    return sync_channel(endpoint, getattr(endpoints, "tls", None))
 
 
 def first(endpoints: list[str], call: Callable[[grpc.Channel], T]) -> T:
     """Run ``call(channel)`` against the first endpoint that answers."""
     last: grpc.RpcError | None = None
     for ep in endpoints:
-        with grpc.insecure_channel(ep) as ch:
+        with channel(ep, endpoints) as ch:
             try:
                 return call(ch)
             except grpc.RpcError as e:

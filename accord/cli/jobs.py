@@ -38,8 +38,8 @@ T = TypeVar("T")
 TIMEOUT = 20.0
 
 
-def _endpoints(raw: str | None) -> list[str]:
-    return common.endpoints(raw)
+def _endpoints(args: argparse.Namespace) -> common.Endpoints:
+    return common.from_args(args)
 
 
 def _first(endpoints: list[str], call: Callable[[Any], T]) -> T:
@@ -80,7 +80,7 @@ def _print_launch(info: pb.JobInfo) -> None:
 
 
 def _jobs(a: argparse.Namespace) -> int:
-    eps = _endpoints(a.endpoints)
+    eps = _endpoints(a)
     if a.op == "submit":
         req = pb.SubmitJobRequest(job=_job_spec(a), request_id=_rid())
         job_id = _first(eps, lambda s: s.SubmitJob(req, timeout=TIMEOUT)).job_id
@@ -131,7 +131,7 @@ def _jobs(a: argparse.Namespace) -> int:
         print(f"{a.job_id} cancelled")
         return 0
     # watch: print events until interrupted (or --count events)
-    with grpc.insecure_channel(eps[0]) as ch:
+    with common.channel(eps[0], eps) as ch:
         stream = _stubs.SchedulerStub(ch).WatchPlacements(
             pb.WatchPlacementsRequest(job_id=a.job_id or "", start_index=a.since))
         seen = 0
@@ -179,7 +179,7 @@ def _spec_from(a: argparse.Namespace) -> pb.NodeSpec | None:
 
 
 def _nodes(a: argparse.Namespace) -> int:
-    eps = _endpoints(a.endpoints)
+    eps = _endpoints(a)
     if a.op == "ls":
         resp = _first(eps, lambda s: s.ListNodes(pb.ListNodesRequest(), timeout=TIMEOUT))
         if a.json:
@@ -295,7 +295,7 @@ def _heartbeat(req: pb.HeartbeatRequest) -> Callable[[Any], Any]:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--endpoints", help="comma-separated client endpoints")
+    common.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 

@@ -25,8 +25,8 @@ T = TypeVar("T")
 TIMEOUT = 5.0
 
 
-def _endpoints(raw: str | None) -> list[str]:
-    return common.endpoints(raw)
+def _endpoints(args: argparse.Namespace) -> common.Endpoints:
+    return common.from_args(args)
 
 
 def _first(endpoints: list[str], call: Callable[[grpc.Channel], T]) -> T:
@@ -35,7 +35,7 @@ def _first(endpoints: list[str], call: Callable[[grpc.Channel], T]) -> T:
 
 
 def _status(args: argparse.Namespace) -> int:
-    eps = _endpoints(args.endpoints)
+    eps = _endpoints(args)
     members = _first(eps, lambda ch: _stubs.ClusterStub(ch).MemberList(
         rpc_pb2.MemberListRequest(), timeout=TIMEOUT)).members
     rows: list[dict[str, Any]] = []
@@ -46,9 +46,8 @@ def _status(args: argparse.Namespace) -> int:
             row.update(error="no client URL published yet (the member may be starting)")
             rows.append(row)
             continue
-        ep = m.clientURLs[0].removeprefix("http://")
         try:
-            st = _first([ep], lambda ch: _stubs.MaintenanceStub(ch).Status(
+            st = _first(eps.only(m.clientURLs[0]), lambda ch: _stubs.MaintenanceStub(ch).Status(
                 rpc_pb2.StatusRequest(), timeout=2.0))
             row.update(leader=st.leader == m.ID, term=st.raftTerm, index=st.raftIndex,
                        applied=st.raftAppliedIndex, version=st.version, db=st.dbSize,
@@ -90,7 +89,7 @@ def _group_name(gid: int) -> str:
 
 def _groups(args: argparse.Namespace) -> int:
     """Every Raft group as the first answering member sees it: leader, voters, learners."""
-    eps = _endpoints(args.endpoints)
+    eps = _endpoints(args)
     members = _first(eps, lambda ch: _stubs.ClusterStub(ch).MemberList(
         rpc_pb2.MemberListRequest(), timeout=TIMEOUT)).members
     names = {m.ID: m.name or f"{m.ID:x}" for m in members}
@@ -123,7 +122,7 @@ def _prefix_end(key: bytes) -> bytes:
 
 
 def _kv(args: argparse.Namespace) -> int:
-    eps = _endpoints(args.endpoints)
+    eps = _endpoints(args)
     key = args.key.encode()
     if args.op == "put":
         if args.value is None:
@@ -149,7 +148,7 @@ def _kv(args: argparse.Namespace) -> int:
 def status_main(argv: Sequence[str]) -> int:
     """`accord status`: every member, who leads, terms and indexes."""
     p = argparse.ArgumentParser(prog="accord status", description=_status.__doc__)
-    p.add_argument("--endpoints", help="comma-separated client endpoints")
+    common.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--groups", action="store_true",
                    help="every Raft group (meta, KV shards, scheduler): leader, voters, learners")
@@ -166,7 +165,7 @@ def kv_main(argv: Sequence[str]) -> int:
     p.add_argument("--prefix", action="store_true", help="get/del every key with this prefix")
     p.add_argument("--serializable", action="store_true",
                    help="read locally without a ReadIndex round (may be stale)")
-    p.add_argument("--endpoints", help="comma-separated client endpoints")
+    common.add_arguments(p)
     return _run(_kv, p.parse_args(list(argv)))
 
 

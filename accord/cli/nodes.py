@@ -33,8 +33,8 @@ GPU_OPS = ("ls", "drain", "undrain", "register", "agent")
 """Subcommands that operate on the scheduler's GPU nodes (``accord.cli.jobs``)."""
 
 
-def _endpoints(raw: str | None) -> list[str]:
-    return common.endpoints(raw)
+def _endpoints(args: argparse.Namespace) -> common.Endpoints:
+    return common.from_args(args)
 
 
 def _first(endpoints: list[str], call: Callable[[Any], T]) -> T:
@@ -77,7 +77,7 @@ def _dump(msg: Any) -> dict[str, Any]:
 
 
 def _members(a: argparse.Namespace) -> int:
-    eps = _endpoints(a.endpoints)
+    eps = _endpoints(a)
     resp = _first(eps, lambda s: s.Members(pb.MembersRequest(role=a.role or ""), timeout=TIMEOUT))
     if a.json:
         print(json.dumps([_dump(m) for m in resp.members]))
@@ -91,8 +91,8 @@ def _members(a: argparse.Namespace) -> int:
 
 
 def _watch(a: argparse.Namespace) -> int:
-    eps = _endpoints(a.endpoints)
-    with grpc.insecure_channel(eps[0]) as ch:
+    eps = _endpoints(a)
+    with common.channel(eps[0], eps) as ch:
         stream = _stubs.MembershipStub(ch).Watch(pb.WatchRequest(role=a.role or ""))
         seen = 0
         try:
@@ -139,7 +139,7 @@ def nodes_main(argv: Sequence[str]) -> int:
                "(see `accord nodes ls --help`)")
     p.add_argument("op", nargs="?", default="members", choices=["members", "watch"],
                    help="members (default): the SWIM view; watch: it, then its events")
-    p.add_argument("--endpoints", help="comma-separated client endpoints")
+    common.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--role", help="only members with this role (accord, gpu-agent)")
     p.add_argument("--count", type=int, default=0, help="watch: stop after this many events")

@@ -23,6 +23,7 @@ from accord.client.errors import (
 )
 from accord.client.lock import Lock
 from accord.client.session import Session
+from accord.client.tls import TLSOptions, TLSOptionsError
 
 __all__ = [
     "AccordClient",
@@ -39,5 +40,7 @@ __all__ = [
     "PutBatcher",
     "Session",
     "SessionExpired",
+    "TLSOptions",
+    "TLSOptionsError",
     "Unavailable",
 ]

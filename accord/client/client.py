@@ -24,6 +24,7 @@ from accord.client.election import Election
 from accord.client.lock import Lock
 from accord.client.lockstore import ClientLockStore
 from accord.client.session import Session
+from accord.client.tls import TLSOptions
 from accord.client.transport import EndpointPool
 from accord.locks.keys import prefix_end
 from accord.locks.recipe import DEFAULT_RECHECK_S
@@ -35,14 +36,30 @@ def _b(x: bytes | str) -> bytes:
 
 
 class AccordClient:
-    """A connection to a cluster through a list of endpoints (``host:port``)."""
+    """A connection to a cluster through a list of endpoints (``host:port``).
+
+    TLS as etcdctl: ``https://`` endpoints (or any endpoint once a TLS option is given)
+    dial TLS, trusting ``cacert`` (else the system's roots) and presenting the client
+    certificate ``cert``/``key`` when given::
+
+        AccordClient(["https://10.0.0.1:2379"], cacert="ca.crt", cert="me.crt", key="me.key")
+
+    ``tls`` passes the same as one ``TLSOptions`` (the two ways may not be mixed).
+    """
 
     def __init__(
         self, endpoints: Sequence[str] | str, *, call_timeout_s: float = 5.0,
         retry_budget_s: float = 30.0, recheck_s: float = DEFAULT_RECHECK_S,
+        cacert: str | None = None, cert: str | None = None, key: str | None = None,
+        tls: TLSOptions | None = None,
     ) -> None:
         eps = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
-        self.pool = EndpointPool(eps, call_timeout_s=call_timeout_s, retry_budget_s=retry_budget_s)
+        if tls is not None and (cacert or cert or key):
+            raise ValueError("give either tls=TLSOptions(...) or cacert/cert/key, not both")
+        if tls is None and (cacert or cert or key):
+            tls = TLSOptions(cacert=cacert, cert=cert, key=key)
+        self.pool = EndpointPool(eps, call_timeout_s=call_timeout_s, retry_budget_s=retry_budget_s,
+                                 tls=tls)
         self.lock_store = ClientLockStore(self)
         self.recheck_s = recheck_s
 

@@ -20,6 +20,7 @@ from typing import TypeVar
 import grpc
 
 from accord.client.errors import ClientError, Unavailable, from_rpc_error
+from accord.client.tls import TLSOptions, aio_channel, split_endpoint
 
 T = TypeVar("T")
 
@@ -33,26 +34,25 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def _normalize(endpoint: str) -> str:
-    for scheme in ("http://", "https://"):
-        if endpoint.startswith(scheme):
-            return endpoint[len(scheme):]
-    return endpoint
-
-
 class EndpointPool:
     """One lazily opened ``grpc.aio`` channel per endpoint and the failover policy."""
 
     def __init__(
         self, endpoints: Sequence[str], *, call_timeout_s: float = 5.0,
-        retry_budget_s: float = 30.0, attempts: int = 60,
+        retry_budget_s: float = 30.0, attempts: int = 60, tls: TLSOptions | None = None,
     ) -> None:
-        eps = [_normalize(e.strip()) for e in endpoints if e and e.strip()]
+        """``endpoints`` are ``host:port``, ``http://host:port`` or ``https://host:port``;
+        ``tls`` gives the CA and client certificate for TLS ones (``accord.client.tls``)."""
+        given = [e.strip() for e in endpoints if e and e.strip()]
+        eps = [split_endpoint(e, tls)[0] for e in given]
         if not eps:
             raise ValueError("no endpoints given: pass e.g. ['127.0.0.1:2379']")
         if call_timeout_s <= 0 or retry_budget_s <= 0 or attempts <= 0:
             raise ValueError("call_timeout_s, retry_budget_s and attempts must be positive")
         self.endpoints = eps
+        self.tls = tls
+        self._dial = dict(zip(eps, given, strict=True))
+        """host:port -> the endpoint as given (its scheme says how to dial it)."""
         self.call_timeout_s = call_timeout_s
         self.retry_budget_s = retry_budget_s
         self.attempts = attempts
@@ -72,7 +72,7 @@ class EndpointPool:
         ep = self.current
         ch = self._channels.get(ep)
         if ch is None:
-            ch = grpc.aio.insecure_channel(ep, options=CHANNEL_OPTIONS)
+            ch = aio_channel(self._dial[ep], self.tls, CHANNEL_OPTIONS)
             self._channels[ep] = ch
         return ch
 

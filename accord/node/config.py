@@ -34,6 +34,12 @@ the same port for state exchanges); by default that is the peer host at the peer
 1000, so a cluster that keeps the defaults needs no gossip settings at all.
 ``gossip-listen = "off"`` runs no membership.
 
+TLS takes etcd's flags: ``https://`` client URLs are served with ``cert-file`` and
+``key-file`` (``trusted-ca-file``/``client-cert-auth``: clients must show a certificate),
+``https://`` peer URLs use the ``peer-`` flags both ways (every member's peer URLs use
+one scheme). The files are read and checked when the node starts, and re-read when they
+change (``accord/node/tls.py``; ``docs/security.md``).
+
 Node ids: every member's id is derived from its name and the cluster token
 (``member_id``): stable across restarts, non-zero, 63-bit, and computed the same
 way by every node from ``--initial-cluster``. A member added at runtime (etcd's
@@ -149,6 +155,19 @@ class Config:
     gossip_profile: str = _opt("lan", "SWIM timing profile: lan, wan or local (one host).")
     gossip_key: str = _opt("", "Hex AES key(s) of 16, 24 or 32 bytes for SWIM traffic, "
                                "comma-separated; the first encrypts (default: none).")
+    cert_file: str = _opt("", "PEM certificate served on https:// client URLs.")
+    key_file: str = _opt("", "PEM private key of --cert-file.")
+    trusted_ca_file: str = _opt("", "PEM CA(s) client certificates must be signed by; "
+                                    "clients must then present one (as etcd).")
+    client_cert_auth: bool = _opt(False, "Require clients to present a certificate signed by "
+                                         "--trusted-ca-file.")
+    peer_cert_file: str = _opt("", "PEM certificate for peer traffic (https:// peer URLs), "
+                                   "served and presented to peers.")
+    peer_key_file: str = _opt("", "PEM private key of --peer-cert-file.")
+    peer_trusted_ca_file: str = _opt("", "PEM CA(s) peers' certificates must be signed by; "
+                                         "peers must then present one (as etcd).")
+    peer_client_cert_auth: bool = _opt(False, "Require peers to present a certificate signed "
+                                              "by --peer-trusted-ca-file.")
 
     # -- derived values ------------------------------------------------------
 
@@ -267,6 +286,57 @@ class Config:
             keys.append(key)
         return tuple(keys)
 
+    # -- TLS -----------------------------------------------------------------------
+    # The files themselves are read and checked by accord/node/tls.py when the node
+    # starts; here only which flags go together.
+
+    @property
+    def peer_tls(self) -> bool:
+        """Whether peer traffic is TLS (``--listen-peer-urls https://...``)."""
+        return url_scheme(self.listen_peer_urls[0]) == "https" if self.listen_peer_urls else False
+
+    def client_url_is_tls(self, url: str) -> bool:
+        """Whether a client URL is served over TLS (``https://``)."""
+        return url_scheme(url) == "https"
+
+    def _tls_problems(self) -> list[str]:
+        problems: list[str] = []
+        p = problems.append
+        tls_urls = [u for u in self.listen_client_urls if self.client_url_is_tls(u)]
+        if bool(self.cert_file) != bool(self.key_file):
+            p("cert-file and key-file go together: give both or neither")
+        if tls_urls and not (self.cert_file and self.key_file):
+            p(f"listen-client-urls: {tls_urls[0]} is https:// and needs --cert-file and --key-file")
+        if not tls_urls and (self.cert_file or self.key_file or self.trusted_ca_file
+                             or self.client_cert_auth):
+            p("cert-file, key-file, trusted-ca-file and client-cert-auth apply to https:// "
+              "client URLs, and listen-client-urls has none; use https:// or drop them")
+        if bool(self.peer_cert_file) != bool(self.peer_key_file):
+            p("peer-cert-file and peer-key-file go together: give both or neither")
+        if self.peer_tls and not (self.peer_cert_file and self.peer_key_file):
+            p(f"listen-peer-urls: {self.listen_peer_urls[0]} is https:// and needs "
+              "--peer-cert-file and --peer-key-file")
+        if self.listen_peer_urls and not self.peer_tls and (
+                self.peer_cert_file or self.peer_key_file or self.peer_trusted_ca_file
+                or self.peer_client_cert_auth):
+            p("peer-cert-file, peer-key-file, peer-trusted-ca-file and peer-client-cert-auth "
+              "apply to https:// peer URLs, and listen-peer-urls is http://; use https:// or "
+              "drop them")
+        if self.listen_peer_urls:
+            want = url_scheme(self.listen_peer_urls[0])
+            try:
+                members = self.members()
+            except ConfigError:
+                members = {}
+            others = [(f"initial-cluster ({n})", u) for n, urls in members.items() for u in urls]
+            others += [("initial-advertise-peer-urls", u) for u in self.initial_advertise_peer_urls]
+            for flag, u in others:
+                if url_scheme(u) != want:
+                    p(f"{flag}: {u} is {url_scheme(u)}:// but listen-peer-urls is {want}://; "
+                      "every member's peer URLs must use the same scheme")
+                    break
+        return problems
+
     def client_listen_addresses(self) -> list[tuple[str, int]]:
         """(host, port) of every ``--listen-client-urls`` entry."""
         return [parse_url(u, "listen-client-urls") for u in self.listen_client_urls]
@@ -372,6 +442,7 @@ class Config:
                     check()
                 except ConfigError as e:
                     p(str(e))
+        problems.extend(self._tls_problems())
         if problems:
             raise ConfigError("invalid configuration: " + "; ".join(problems))
 
@@ -409,23 +480,27 @@ def cluster_id(cluster_token: str) -> int:
     return _id63("accord-cluster", cluster_token)
 
 
+def url_scheme(url: str) -> str:
+    """``"https"`` for ``https://host:port`` (the scheme, lower case; "" without one)."""
+    return urlsplit(url.strip()).scheme.lower()
+
+
 def parse_url(url: str, what: str = "url") -> tuple[str, int]:
-    """``http://127.0.0.1:2380`` -> ``("127.0.0.1", 2380)``; ``ConfigError`` if unusable."""
+    """``http://127.0.0.1:2380`` (or ``https://``) -> ``("127.0.0.1", 2380)``;
+    ``ConfigError`` if unusable."""
     try:
         parts = urlsplit(url.strip())
         port = parts.port
     except ValueError as e:
         raise ConfigError(f"{what}: {url!r} is not a valid URL ({e})") from e
-    if parts.scheme == "https":
-        raise ConfigError(f"{what}: {url!r}: TLS is not supported yet; use http://")
-    if parts.scheme != "http":
-        raise ConfigError(f"{what}: {url!r} must start with http://")
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"{what}: {url!r} must start with http:// or https://")
     if not parts.hostname:
         raise ConfigError(f"{what}: {url!r} has no host")
     if port is None or port == 0:
         raise ConfigError(f"{what}: {url!r} needs an explicit port, e.g. http://{parts.hostname}:2380")
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
-        raise ConfigError(f"{what}: {url!r} must be just http://host:port")
+        raise ConfigError(f"{what}: {url!r} must be just {parts.scheme}://host:port")
     return parts.hostname, port
 
 

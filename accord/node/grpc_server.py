@@ -160,10 +160,14 @@ class AccordGrpcServer:
     watch: WatchServicer
     client_api_versions: Counter[str] = field(default_factory=Counter)
 
-    def add_port(self, address: str) -> int:
-        """Listen on ``address`` (``host:port``; port 0 picks one); returns the port."""
+    def add_port(self, address: str, credentials: grpc.ServerCredentials | None = None) -> int:
+        """Listen on ``address`` (``host:port``; port 0 picks one), over TLS with
+        ``credentials`` (else plaintext); returns the port."""
         try:
-            port = int(self.server.add_insecure_port(address))
+            if credentials is None:
+                port = int(self.server.add_insecure_port(address))
+            else:
+                port = int(self.server.add_secure_port(address, credentials))
         except RuntimeError as e:  # grpc reports bind failures this way
             raise OSError(f"cannot listen on {address}: address in use or not resolvable") from e
         if port == 0:

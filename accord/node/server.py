@@ -47,12 +47,14 @@ from accord.node.backend import KV_GROUP, ReplicatedBackend, kv_group
 from accord.node.config import Config, ConfigError, load_config
 from accord.node.grpc_server import AccordGrpcServer, ServerOptions, build_server
 from accord.node.members import META_GROUP, MemberChanges, add_debug_service
+from accord.node.tls import ReloadingTLS, client_files, peer_files
 from accord.raft.core.types import Role
 from accord.raft.host.balance import plan_moves
 from accord.raft.host.multiraft import GroupUnavailable, HostConfig, MultiRaftHost
 from accord.raft.storage.snapshot import SnapshotStore
 from accord.raft.storage.wal import WriteAheadLog
 from accord.raft.transport.links import PeerTransport
+from accord.raft.transport.tls import PeerTLS
 from accord.services.cluster.members import ClusterStateMachine, MemberRecord, ShardPlacement
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
@@ -109,6 +111,10 @@ class Node:
     async def start(self) -> None:
         """Open storage, join the peers, start the groups and serve clients."""
         cfg = self.config
+        # Certificates first: a bad file stops the node before it touches its data.
+        client_tls, peer_tls = client_files(cfg), peer_files(cfg)
+        self.client_tls = ReloadingTLS(client_tls) if client_tls else None
+        self.peer_tls = ReloadingTLS(peer_tls) if peer_tls else None
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.shards = await asyncio.to_thread(_check_shard_count, self.data_dir, cfg.shards)
         await asyncio.to_thread(_write_member_file, self.data_dir, self.member_id, self.joined)
@@ -120,6 +126,8 @@ class Node:
             self.member_id, host_ip, peer_port, cluster_id=cfg.cluster_id,
             on_messages=self._deliver, on_snapshot_chunk=self._snapshot_chunk,
             on_heartbeats=self._heartbeats,
+            tls=None if self.peer_tls is None else PeerTLS(
+                self.peer_tls.server_context, self.peer_tls.client_context),
         )
         self.host = MultiRaftHost(
             self.member_id, wal, snapshots, self.transport,
@@ -166,8 +174,10 @@ class Node:
         await self.host.start()
         self.backend = ReplicatedBackend(self, self.machines)
         self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes))
-        for h, p in cfg.client_listen_addresses():
-            self.client_ports.append(self.grpc.add_port(f"{h}:{p}"))
+        for url, (h, p) in zip(cfg.listen_client_urls, cfg.client_listen_addresses(), strict=True):
+            creds = (self.client_tls.grpc_credentials()
+                     if self.client_tls is not None and cfg.client_url_is_tls(url) else None)
+            self.client_ports.append(self.grpc.add_port(f"{h}:{p}", creds))
         add_scheduler_service(self.grpc.server, self.scheduling)
         add_debug_service(self.grpc.server, self)
         from accord.membership.servicer import add_membership_service

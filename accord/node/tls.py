@@ -43,7 +43,7 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from accord.node.config import ConfigError
+from accord.node.config import Config, ConfigError
 
 log = logging.getLogger("accord.node.tls")
 
@@ -261,3 +261,18 @@ class ReloadingTLS:
 
         return grpc.dynamic_ssl_server_credentials(
             initial, fetch, require_client_authentication=self.files.verify_clients)
+
+
+def client_files(cfg: Config) -> TLSFiles | None:
+    """The client side's files, if any ``--listen-client-urls`` is ``https://``."""
+    if not any(cfg.client_url_is_tls(u) for u in cfg.listen_client_urls):
+        return None
+    return TLSFiles(cfg.cert_file, cfg.key_file, cfg.trusted_ca_file, cfg.client_cert_auth)
+
+
+def peer_files(cfg: Config) -> TLSFiles | None:
+    """The peer side's files, if ``--listen-peer-urls`` is ``https://``."""
+    if not cfg.peer_tls:
+        return None
+    return TLSFiles(cfg.peer_cert_file, cfg.peer_key_file, cfg.peer_trusted_ca_file,
+                    cfg.peer_client_cert_auth, "peer-")

@@ -108,6 +108,7 @@ def test_member_id_golden_values() -> None:
     ("http://127.0.0.1:2380", "127.0.0.1", 2380),
     ("http://localhost:1/", "localhost", 1),
     ("http://[::1]:2379", "::1", 2379),
+    ("https://127.0.0.1:2380", "127.0.0.1", 2380),
 ])
 def test_parse_url(url: str, host: str, port: int) -> None:
     assert parse_url(url) == (host, port)
@@ -115,7 +116,7 @@ def test_parse_url(url: str, host: str, port: int) -> None:
 
 @pytest.mark.parametrize("url, why", [
     ("127.0.0.1:2380", "http://"),
-    ("https://127.0.0.1:2380", "TLS"),
+    ("ftp://127.0.0.1:2380", "http:// or https://"),
     ("http://127.0.0.1", "explicit port"),
     ("http://127.0.0.1:99999", "not a valid URL"),
     ("http://:2380", "no host"),
