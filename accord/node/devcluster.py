@@ -10,6 +10,12 @@ and so on; SWIM membership runs on each peer port + 1000 (3380, 3382, ...) with 
 example are printed. Ctrl-C (SIGINT) or SIGTERM stops the cluster: each child gets
 SIGTERM by PID, stragglers get SIGKILL after ``--stop-timeout`` seconds.
 
+``--tls`` makes a fresh CA and a certificate per node (and one for a client, CN
+``client``) in ``<data-dir>/certs`` (``accord/node/certs.py``) and runs every port
+under mutual TLS: ``https://`` client URLs that require a client certificate, and
+``https://`` peer links; the ``etcdctl`` line it prints carries ``--cacert``, ``--cert``
+and ``--key``.
+
 Arguments after ``--`` are passed to every ``accord serve`` (``accord dev -- --shards 4``).
 Nodes run in their own session, so a Ctrl-C on the terminal reaches only this
 launcher, which then stops them in order.
@@ -31,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from accord.node.certs import CertFiles, make_cluster_pki
 from accord.node.config import GOSSIP_PORT_OFFSET
 
 HOST = "127.0.0.1"
@@ -42,17 +49,19 @@ class _Node:
     client_port: int
     peer_port: int
     data_dir: Path
+    scheme: str = "http"
+    certs: CertFiles | None = None
     proc: asyncio.subprocess.Process | None = None
     pump: asyncio.Task[None] | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
 
     @property
     def client_url(self) -> str:
-        return f"http://{HOST}:{self.client_port}"
+        return f"{self.scheme}://{HOST}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://{HOST}:{self.peer_port}"
+        return f"{self.scheme}://{HOST}:{self.peer_port}"
 
     @property
     def gossip_port(self) -> int:
@@ -68,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder for the nodes' data and logs (default ./accord-dev-data)")
     parser.add_argument("--cluster-token", default="accord-dev", help="cluster token (default accord-dev)")
     parser.add_argument("--quiet", action="store_true", help="do not echo the nodes' logs")
+    parser.add_argument("--tls", action="store_true",
+                        help="mutual TLS everywhere, with a fresh CA and certificates "
+                             "in <data-dir>/certs")
     parser.add_argument("--startup-timeout", type=float, default=30.0,
                         help="seconds to wait for every client port to answer (default 30)")
     parser.add_argument("--stop-timeout", type=float, default=10.0,
@@ -106,6 +118,11 @@ def main(argv: Sequence[str]) -> int:
               "(another cluster running?); stop it or pick another --base-port", file=sys.stderr)
         return 1
     root.mkdir(parents=True, exist_ok=True)
+    if args.tls:
+        _, files = make_cluster_pki(root / "certs", [n.name for n in nodes],
+                                    ca_name="accord dev CA")
+        for n in nodes:
+            n.scheme, n.certs = "https", files[n.name]
     with contextlib.ExitStack() as stack:
         logs: list[TextIO] = [stack.enter_context(open(root / f"{n.name}.log", "a", encoding="utf-8"))
                               for n in nodes]
@@ -130,7 +147,27 @@ def _serve_argv(args: argparse.Namespace, node: _Node, cluster: str, extra: list
             "--listen-client-urls", node.client_url, "--advertise-client-urls", node.client_url,
             "--listen-peer-urls", node.peer_url, "--initial-advertise-peer-urls", node.peer_url,
             "--initial-cluster", cluster, "--initial-cluster-state", "new",
-            "--initial-cluster-token", args.cluster_token, "--gossip-profile", "local", *extra]
+            "--initial-cluster-token", args.cluster_token, "--gossip-profile", "local",
+            *_tls_argv(node), *extra]
+
+
+def _tls_argv(node: _Node) -> list[str]:
+    """etcd's TLS flags for ``node``: its certificate for both kinds of traffic, the dev
+    CA trusted, and a certificate required of every client and peer."""
+    if node.certs is None:
+        return []
+    cert, key, ca = str(node.certs.cert), str(node.certs.key), str(node.certs.ca)
+    return ["--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca,
+            "--client-cert-auth", "true",
+            "--peer-cert-file", cert, "--peer-key-file", key, "--peer-trusted-ca-file", ca,
+            "--peer-client-cert-auth", "true"]
+
+
+def client_tls_flags(root: Path) -> str:
+    """etcdctl's (and accord's) TLS options for the client certificate ``--tls`` made."""
+    certs = root / "certs"
+    return (f"--cacert={certs / 'ca.crt'} --cert={certs / 'client.crt'} "
+            f"--key={certs / 'client.key'}")
 
 
 async def _pump(node: _Node, stream: asyncio.StreamReader, log: TextIO, quiet: bool) -> None:
@@ -247,8 +284,9 @@ async def _run(args: argparse.Namespace, extra: list[str], root: Path, nodes: li
         lines = [f"accord dev: {len(nodes)} node(s) up; data and logs in {root}"]
         lines += [f"  {n.name}  client {n.client_url}  peer {n.peer_url}  gossip {HOST}:{n.gossip_port}"
                   f"  log {root / (n.name + '.log')}" for n in nodes]
+        tls = f" {client_tls_flags(root)}" if args.tls else ""
         lines += [f"client endpoints: {endpoints}",
-                  f"try: etcdctl --endpoints={endpoints} put /hello world",
+                  f"try: etcdctl --endpoints={endpoints}{tls} put /hello world",
                   "press Ctrl-C to stop the cluster"]
         print("\n".join(lines), flush=True)
         reported: set[str] = set()

@@ -6,7 +6,9 @@
   etcd-server) with its data directory under the test's tmp dir.
 
 Both are context managers yielding a :class:`Server` (``endpoint`` = ``127.0.0.1:PORT``).
-A missing binary is a failure with a clear message, never a skip.
+A missing binary is a failure with a clear message, never a skip. ``etcd_server(...,
+tls=EtcdTLS(...))`` serves ``https://`` with etcd's TLS flags (the security tests run
+the same commands against it and accord).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 
 import grpc
 
+from accord.client.tls import TLSOptions, sync_channel
+from accord.node.certs import CertFiles
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,6 +42,33 @@ class Server:
     proc: subprocess.Popen[bytes]
     endpoint: str
     kind: str
+    scheme: str = "http"
+
+    @property
+    def url(self) -> str:
+        """``scheme://host:port`` (what ``--endpoints`` takes)."""
+        return f"{self.scheme}://{self.endpoint}"
+
+
+@dataclass(slots=True)
+class EtcdTLS:
+    """etcd's client TLS flags: the server's certificate, and who it trusts."""
+
+    server: CertFiles
+    client: CertFiles
+    """What ``wait_serving`` dials with."""
+    client_cert_auth: bool = True
+
+    def flags(self) -> list[str]:
+        f = self.server
+        out = ["--cert-file", str(f.cert), "--key-file", str(f.key),
+               "--trusted-ca-file", str(f.ca)]
+        return out + (["--client-cert-auth"] if self.client_cert_auth else [])
+
+    @property
+    def options(self) -> TLSOptions:
+        c = self.client
+        return TLSOptions(cacert=str(c.ca), cert=str(c.cert), key=str(c.key))
 
 
 def require_binary(name: str) -> str:
@@ -70,15 +101,18 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=5)
 
 
-def wait_serving(endpoint: str, proc: subprocess.Popen[bytes], what: str) -> None:
-    """Block until a Range over gRPC succeeds (or fail with the process's output)."""
+def wait_serving(endpoint: str, proc: subprocess.Popen[bytes], what: str,
+                 tls: TLSOptions | None = None) -> None:
+    """Block until a Range over gRPC succeeds (or fail with the process's output);
+    ``tls``: dial ``https://`` with these options."""
     deadline = time.monotonic() + START_TIMEOUT_S
     last: Exception | None = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"{what} exited with {proc.returncode} before serving")
         try:
-            with grpc.insecure_channel(endpoint) as ch:
+            url = f"{'https' if tls else 'http'}://{endpoint}"
+            with sync_channel(url, tls) as ch:
                 rpc_pb2_grpc.KVStub(ch).Range(rpc_pb2.RangeRequest(key=b"health"), timeout=1.0)
             return
         except grpc.RpcError as e:
@@ -118,28 +152,30 @@ def accord_server(data_dir: Path | None = None) -> Iterator[Server]:
 
 
 @contextlib.contextmanager
-def etcd_server(data_dir: Path) -> Iterator[Server]:
+def etcd_server(data_dir: Path, tls: EtcdTLS | None = None) -> Iterator[Server]:
     """A real single-member etcd on free 127.0.0.1 ports; killed by PID on exit."""
     etcd = require_binary("etcd")
     client, peer = free_port(), free_port()
+    scheme = "https" if tls else "http"
     cmd = [
         etcd,
         "--name", "default",
         "--data-dir", str(data_dir),
-        "--listen-client-urls", f"http://127.0.0.1:{client}",
-        "--advertise-client-urls", f"http://127.0.0.1:{client}",
+        "--listen-client-urls", f"{scheme}://127.0.0.1:{client}",
+        "--advertise-client-urls", f"{scheme}://127.0.0.1:{client}",
         "--listen-peer-urls", f"http://127.0.0.1:{peer}",
         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
         "--initial-cluster", f"default=http://127.0.0.1:{peer}",
         "--log-level", "error",
         "--logger", "zap",
+        *(tls.flags() if tls else ()),
     ]  # fmt: skip
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
     )
     try:
         endpoint = f"127.0.0.1:{client}"
-        wait_serving(endpoint, proc, "etcd")
-        yield Server(proc, endpoint, "etcd")
+        wait_serving(endpoint, proc, "etcd", tls.options if tls else None)
+        yield Server(proc, endpoint, "etcd", scheme)
     finally:
         _kill(proc)

@@ -3,6 +3,11 @@
 Each node is started by PID and ended by PID (SIGTERM, then SIGKILL); the tests
 pause (SIGSTOP), resume (SIGCONT), kill -9 and restart them. Clients are the
 etcd v3 gRPC stubs generated from accord's own protos.
+
+``ProcCluster(..., tls=ClusterTLS.make(folder, names))`` runs every port under mutual
+TLS with etcd's flags (``https://`` URLs, one certificate per node from one CA); the
+helpers' channels then present the client certificate. ``tls.certs[name]`` may be
+replaced before a node starts (a node with another CA's certificate).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from pathlib import Path
 
 import grpc
 
+from accord.client.tls import TLSOptions, sync_channel
+from accord.node.certs import CertFiles, CertificateAuthority, make_cluster_pki
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 
 HOST = "127.0.0.1"
@@ -39,6 +46,44 @@ def free_ports(n: int) -> list[int]:
 
 
 @dataclass
+class ClusterTLS:
+    """Certificates for a cluster under mutual TLS (see the module docstring)."""
+
+    ca: CertificateAuthority
+    certs: dict[str, CertFiles]
+    client: CertFiles
+    folder: Path
+    client_cert_auth: bool = True
+    """False: clients need no certificate (the client port trusts no CA)."""
+
+    @classmethod
+    def make(cls, folder: Path, names: list[str], *, client_cert_auth: bool = True) -> ClusterTLS:
+        ca, files = make_cluster_pki(folder, names)
+        client = files.pop("client")
+        return cls(ca, files, client, folder, client_cert_auth)
+
+    @property
+    def client_options(self) -> TLSOptions:
+        return TLSOptions(cacert=str(self.client.ca), cert=str(self.client.cert),
+                          key=str(self.client.key))
+
+    def etcdctl_flags(self) -> list[str]:
+        """etcdctl's ``--cacert --cert --key`` for the client certificate."""
+        c = self.client
+        return [f"--cacert={c.ca}", f"--cert={c.cert}", f"--key={c.key}"]
+
+    def serve_flags(self, name: str) -> list[str]:
+        """etcd's TLS flags for member ``name``: its certificate both ways, certificates
+        required of clients and peers."""
+        f = self.certs[name]
+        client_auth = ["--trusted-ca-file", str(f.ca), "--client-cert-auth"]
+        return ["--cert-file", str(f.cert), "--key-file", str(f.key),
+                *(client_auth if self.client_cert_auth else ()),
+                "--peer-cert-file", str(f.cert), "--peer-key-file", str(f.key),
+                "--peer-trusted-ca-file", str(f.ca), "--peer-client-cert-auth"]
+
+
+@dataclass
 class ProcNode:
     name: str
     client_port: int
@@ -49,15 +94,29 @@ class ProcNode:
     paused: bool = False
     gossip_port: int = 0
     """SWIM membership's UDP+TCP port (``--gossip-listen``)."""
+    tls: TLSOptions | None = None
+    """The client certificate the helpers dial this node with (a TLS cluster)."""
     _channel: grpc.Channel | None = field(default=None, repr=False)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
 
     @property
     def endpoint(self) -> str:
         return f"{HOST}:{self.client_port}"
 
+    @property
+    def client_url(self) -> str:
+        return f"{self.scheme}://{self.endpoint}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"{self.scheme}://{HOST}:{self.peer_port}"
+
     def channel(self) -> grpc.Channel:
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.endpoint)
+            self._channel = sync_channel(self.client_url, self.tls)
         return self._channel
 
     def kv(self) -> rpc_pb2_grpc.KVStub:
@@ -76,30 +135,34 @@ class ProcCluster:
     """N `accord serve` processes forming one cluster."""
 
     def __init__(self, root: Path, n: int = 3, *, heartbeat_ms: int = 50,
-                 election_ms: int = 500, extra: tuple[str, ...] = ()) -> None:
+                 election_ms: int = 500, extra: tuple[str, ...] = (),
+                 tls: ClusterTLS | None = None) -> None:
         ports = free_ports(3 * n)
+        self.tls = tls
+        client_tls = tls.client_options if tls is not None else None
         self.nodes = [
             ProcNode(f"n{i + 1}", ports[2 * i], ports[2 * i + 1], root / f"n{i + 1}",
-                     root / f"n{i + 1}.log", gossip_port=ports[2 * n + i])
+                     root / f"n{i + 1}.log", gossip_port=ports[2 * n + i], tls=client_tls)
             for i in range(n)
         ]
         self.heartbeat_ms = heartbeat_ms
         self.election_ms = election_ms
         self.extra = extra
-        self.initial = ",".join(f"{x.name}=http://{HOST}:{x.peer_port}" for x in self.nodes)
+        self.initial = ",".join(f"{x.name}={x.peer_url}" for x in self.nodes)
         self.initial_for: dict[str, str] = {}
         """Per-node ``--initial-cluster`` overrides (peer URLs through proxies)."""
 
     @property
     def endpoints(self) -> str:
         """Every node's client endpoint, comma-separated (for ``--endpoints``)."""
-        return ",".join(n.endpoint for n in self.nodes)
+        return ",".join(n.client_url if self.tls else n.endpoint for n in self.nodes)
 
     def new_node(self, name: str) -> ProcNode:
         """A node for a member added at runtime (start it with ``start(node, existing=True)``)."""
         client, peer, gossip = free_ports(3)
         root = self.nodes[0].data_dir.parent
-        node = ProcNode(name, client, peer, root / name, root / f"{name}.log", gossip_port=gossip)
+        node = ProcNode(name, client, peer, root / name, root / f"{name}.log", gossip_port=gossip,
+                        tls=self.tls.client_options if self.tls is not None else None)
         self.nodes.append(node)
         return node
 
@@ -111,14 +174,15 @@ class ProcCluster:
         args = [
             sys.executable, "-m", "accord", "serve",
             "--name", node.name, "--data-dir", str(node.data_dir),
-            "--listen-client-urls", f"http://{node.endpoint}",
-            "--listen-peer-urls", f"http://{HOST}:{node.peer_port}",
+            "--listen-client-urls", node.client_url,
+            "--listen-peer-urls", node.peer_url,
             "--initial-cluster", initial_cluster or self.initial_for.get(node.name, self.initial),
             *join,
             "--heartbeat-interval", str(self.heartbeat_ms),
             "--election-timeout", str(self.election_ms),
             "--gossip-listen", f"{HOST}:{node.gossip_port}",
             "--gossip-seeds", ",".join(f"{HOST}:{x.gossip_port}" for x in self.nodes if x is not node),
+            *(self.tls.serve_flags(node.name) if self.tls is not None else ()),
             *self.extra,
         ]
         log = open(node.log_path, "ab")

@@ -84,14 +84,18 @@ def free_base(nodes: int) -> int:
 class Launcher:
     """A running `accord dev` subprocess with its output collected by a reader thread."""
 
-    def __init__(self, tmp: Path, nodes: int, base: int, mode: str = "ok", *extra: str) -> None:
+    def __init__(self, tmp: Path, nodes: int, base: int, mode: str = "ok", *extra: str,
+                 real: bool = False) -> None:
+        """``real``: run real ``accord serve`` nodes instead of the fake server."""
         fake = tmp / "fake_serve.py"
         fake.write_text(FAKE_SERVER)
         self.data = tmp / "cluster"
+        self.real = real
         env = dict(os.environ, FAKE_MODE=mode, PYTHONPATH=str(REPO))
+        serve = [] if real else ["--serve-command", f"{sys.executable} {fake}"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "accord.node.devcluster", "--nodes", str(nodes), "--base-port", str(base),
-             "--data-dir", str(self.data), "--serve-command", f"{sys.executable} {fake}", *extra],
+             "--data-dir", str(self.data), *serve, *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp,
             start_new_session=True)
         self.lines: queue.Queue[str] = queue.Queue()
@@ -124,6 +128,8 @@ class Launcher:
         return rc
 
     def child_pids(self) -> list[int]:
+        if self.real:  # real nodes: the launcher stops them; kill only what we know
+            return []
         pids = []
         for f in self.data.glob("n*/argv.json"):
             pids.append(json.loads(f.read_text())["pid"])
@@ -233,3 +239,29 @@ def test_port_in_use_is_refused(launch: type[Launcher]) -> None:
         assert lc.finish() == 1
     assert f"port(s) {base + 1} on 127.0.0.1 are in use" in "\n".join(lc.seen)
     assert not (lc.data / "n1").exists()
+
+
+def test_tls_makes_certificates_and_passes_etcd_tls_flags(launch: type[Launcher]) -> None:
+    base = free_base(2)
+    lc = launch(2, base, "ok", "--tls", "--quiet")
+    line = lc.wait_for("try: etcdctl")
+    certs = lc.data / "certs"
+    clients = [f"https://127.0.0.1:{base + 2 * i}" for i in range(2)]
+    assert line.endswith(f"etcdctl --endpoints={','.join(clients)} --cacert={certs / 'ca.crt'} "
+                         f"--cert={certs / 'client.crt'} --key={certs / 'client.key'} "
+                         "put /hello world")
+    from accord.node.tls import TLSFiles, load_files
+    for i in range(2):
+        name = f"n{i + 1}"
+        argv = json.loads((lc.data / name / "argv.json").read_text())["argv"]
+        opt = dict(zip(argv[::2], argv[1::2], strict=False))
+        assert opt["--listen-client-urls"] == clients[i]
+        assert opt["--initial-cluster"] == ",".join(
+            f"n{j + 1}=https://127.0.0.1:{base + 2 * j + 1}" for j in range(2))
+        assert opt["--client-cert-auth"] == opt["--peer-client-cert-auth"] == "true"
+        assert opt["--cert-file"] == opt["--peer-cert-file"] == str(certs / f"{name}.crt")
+        assert opt["--trusted-ca-file"] == opt["--peer-trusted-ca-file"] == str(certs / "ca.crt")
+        loaded = load_files(TLSFiles(opt["--cert-file"], opt["--key-file"], opt["--trusted-ca-file"]))
+        assert loaded.subject == f"CN={name}"
+    os.kill(lc.proc.pid, signal.SIGTERM)
+    assert lc.finish() == 0
