@@ -4,8 +4,6 @@ certificate served to the next connection without a restart."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from accord.node.certs import CertFiles, CertificateAuthority, make_cluster_pki
 from accord.node.tls import ReloadingTLS, TLSFiles
+from tests.security.probe import served_cn
 
 Pki = tuple[CertificateAuthority, dict[str, CertFiles]]
 
@@ -56,22 +55,12 @@ async def test_mutual_tls_is_required(pki: Pki, mtls_port: int, tmp_path: Path) 
     assert await _check(mtls_port, wrong) == grpc.StatusCode.UNAVAILABLE
 
 
-def _served_cn(port: int, client: CertFiles) -> str:
-    ctx = ssl.create_default_context(cafile=str(client.ca))
-    ctx.load_cert_chain(str(client.cert), str(client.key))
-    ctx.set_alpn_protocols(["h2"])
-    with socket.create_connection(("127.0.0.1", port), 5) as raw, \
-            ctx.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
-        subject = dict(rdn[0] for rdn in conn.getpeercert()["subject"])
-        return str(subject["commonName"])
-
-
 async def test_a_rotated_certificate_is_served_to_new_connections(pki: Pki, mtls_port: int,
                                                                   tmp_path: Path) -> None:
     ca, files = pki
-    assert await asyncio.to_thread(_served_cn, mtls_port, files["client"]) == "n1"
+    assert await asyncio.to_thread(served_cn, mtls_port, files["client"]) == "n1"
     ca.issue("n1-rotated").write(tmp_path, "n1")
-    assert await asyncio.to_thread(_served_cn, mtls_port, files["client"]) == "n1-rotated"
+    assert await asyncio.to_thread(served_cn, mtls_port, files["client"]) == "n1-rotated"
     c = files["client"]
     ok = grpc.ssl_channel_credentials(c.ca.read_bytes(), c.key.read_bytes(), c.cert.read_bytes())
     assert await _check(mtls_port, ok) == grpc.StatusCode.OK

@@ -21,6 +21,7 @@ from accord.node.certs import CertFiles, CertificateAuthority, make_cluster_pki
 from accord.node.tls import ReloadingTLS, TLSFiles
 from accord.raft.core.types import ConfState, Entry, Message, MessageType, SnapshotMeta
 from accord.raft.transport.links import BytesSnapshotSource, PeerTLS, PeerTransport
+from tests.raft.transport.test_transport import until
 
 CLUSTER = 0x7151
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
@@ -54,14 +55,6 @@ def _make(node_id: int, inbox: Inbox, tls: PeerTLS | None) -> PeerTransport:
                          backoff_min=0.02, backoff_max=0.2, io_timeout=3.0)
 
 
-async def _until(pred: Callable[[], bool], what: str, limit: float = 10.0) -> None:
-    for _ in range(int(limit / 0.02)):
-        if pred():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _app(to: int, frm: int, i: int) -> Message:
     return Message(MessageType.APP, to=to, frm=frm, term=2, log_term=1, index=i, commit=i,
                    entries=[Entry(2, i + 1, data=b"secret" * 10)])
@@ -93,11 +86,11 @@ def test_messages_and_snapshots_cross_over_mutual_tls(
     files = pki[1]
 
     async def body(a: PeerTransport, b: PeerTransport, ia: Inbox, ib: Inbox) -> None:
-        await _until(lambda: a.connected(2) and b.connected(1), "links up")
+        await until(lambda: a.connected(2) and b.connected(1), "links up", limit=15.0)
         for i in range(1, 51):
             a.send(2, 7, _app(2, 1, i))
         a.flush()
-        await _until(lambda: len(ib.messages) == 50, "50 messages")
+        await until(lambda: len(ib.messages) == 50, "50 messages", limit=15.0)
         assert [m.index for _, _, m in ib.messages] == list(range(1, 51))
         meta = SnapshotMeta(index=9, term=2, conf_state=ConfState(voters=[1, 2]))
         await a.send_snapshot(2, 7, meta, BytesSnapshotSource(b"s" * 300_000), chunk_size=65536)
@@ -110,7 +103,7 @@ def test_messages_and_snapshots_cross_over_mutual_tls(
 def _refused(loop: str, intruder: PeerTLS | None, good: PeerTLS,
              caplog: pytest.LogCaptureFixture, expect: str) -> None:
     async def body(a: PeerTransport, b: PeerTransport, ia: Inbox, ib: Inbox) -> None:
-        await _until(lambda: b.stats.tls_refused >= 2, "two refused handshakes")
+        await until(lambda: b.stats.tls_refused >= 2, "two refused handshakes", limit=15.0)
         for i in range(1, 6):
             a.send(2, 7, _app(2, 1, i))
             a.flush()
@@ -162,14 +155,14 @@ def test_a_rotated_certificate_is_used_by_the_next_connection(
     reloading, b_tls = _tls(files["n2"])
 
     async def body(a: PeerTransport, b: PeerTransport, ia: Inbox, ib: Inbox) -> None:
-        await _until(lambda: a.connected(2), "link up")
+        await until(lambda: a.connected(2), "link up", limit=15.0)
         ca.issue("n2-rotated").write(tmp_path, "n2")  # replaces n2.crt and n2.key
         a.remove_peer(2)  # a new connection, as after a restart or a lost link
         a.set_peer(2, "127.0.0.1", b.listen_port)
-        await _until(lambda: a.stats.connects >= 2, "second link")
+        await until(lambda: a.stats.connects >= 2, "second link", limit=15.0)
         a.send(2, 7, _app(2, 1, 1))
         a.flush()
-        await _until(lambda: len(ib.messages) == 1, "a message on the new link")
+        await until(lambda: len(ib.messages) == 1, "a message on the new link", limit=15.0)
         assert reloading.generation == 2
 
     with caplog.at_level(logging.INFO, logger="accord.raft.transport"):

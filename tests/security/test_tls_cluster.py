@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import socket
-import ssl
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from accord.node.certs import CertFiles, make_cluster_pki
 from tests.compat.etcdctl import etcdctl
 from tests.compat.servers import EtcdTLS, Server, etcd_server
 from tests.integration.cluster import ClusterTLS, ProcCluster, ProcNode
+from tests.security.probe import served_cn
 
 pytestmark = pytest.mark.slow
 
@@ -148,16 +147,6 @@ def test_accord_cli_over_mutual_tls(tls_cluster: ProcCluster, tmp_path: Path) ->
     assert no_cert.returncode == 1 and "UNAVAILABLE" in no_cert.stderr
 
 
-def _served_cn(port: int, client: CertFiles) -> str:
-    ctx = ssl.create_default_context(cafile=str(client.ca))
-    ctx.load_cert_chain(str(client.cert), str(client.key))
-    ctx.set_alpn_protocols(["h2"])
-    with socket.create_connection(("127.0.0.1", port), 5) as raw, \
-            ctx.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
-        subject = dict(rdn[0] for rdn in conn.getpeercert()["subject"])
-        return str(subject["commonName"])
-
-
 def _log_has(c: ProcCluster, node: ProcNode, pattern: str, limit: float = 30.0) -> str:
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
@@ -173,11 +162,11 @@ def test_rotated_certificates_are_picked_up_without_a_restart(tls_cluster: ProcC
     # Runs last in this module: it changes n3's certificate.
     tls = _tls(tls_cluster)
     n1, n3 = tls_cluster.nodes[0], tls_cluster.nodes[2]
-    assert _served_cn(n3.client_port, tls.client) == "n3"
+    assert served_cn(n3.client_port, tls.client) == "n3"
     pid = n3.proc.pid if n3.proc else 0
     tls.ca.issue("n3-rotated").write(tls.folder, "n3")  # both files renamed over
     # the client port: the next TLS connection gets the new certificate
-    assert _served_cn(n3.client_port, tls.client) == "n3-rotated"
+    assert served_cn(n3.client_port, tls.client) == "n3-rotated"
     # the peer links: restart n1, so n3 dials it anew and n1 dials n3 anew
     tls_cluster.stop(n1)
     tls_cluster.start(n1)
