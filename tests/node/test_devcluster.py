@@ -128,7 +128,10 @@ class Launcher:
         return rc
 
     def child_pids(self) -> list[int]:
-        if self.real:  # real nodes: the launcher stops them; kill only what we know
+        if self.real:  # real nodes: the launcher's direct children, as the kernel lists them
+            with contextlib.suppress(OSError):
+                path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+                return [int(p) for p in path.read_text().split()]
             return []
         pids = []
         for f in self.data.glob("n*/argv.json"):
@@ -137,7 +140,16 @@ class Launcher:
 
     def cleanup(self) -> None:
         """Kill by PID whatever is still alive (the launcher and its children)."""
-        for pid in [self.proc.pid, *self.child_pids()]:
+        children = self.child_pids()  # read before the launcher is gone
+        if self.real and self.proc.poll() is None:  # let it stop its nodes in order
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+                children = []  # it stopped (and reaped) them itself
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in [self.proc.pid, *children]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -66,7 +66,7 @@ def test_etcdctl_over_mutual_tls_and_writes_replicate(tls_cluster: ProcCluster) 
     assert etcdctl(tls_cluster.endpoints, *flags, "put", "/tls/hello", "world").strip() == "OK"
     for node in tls_cluster.nodes:  # each member's own copy, read locally: replicated over mTLS
         out = ""
-        for _ in range(100):
+        for _ in range(300):
             out = etcdctl(node.client_url, *flags, "get", "/tls/hello", "--consistency=s")
             if out:
                 break
