@@ -4,7 +4,10 @@ Every process runs on free 127.0.0.1 ports with its data under one temporary
 directory; every process is started and ended by PID (SIGTERM, then SIGKILL), and
 :class:`Harness` ends whatever is still alive when its ``with`` block exits, even on
 error or Ctrl-C. etcd runs with its defaults (fsync on every commit); both clusters
-take the same ``--heartbeat-interval`` and ``--election-timeout``.
+take the same ``--heartbeat-interval`` and ``--election-timeout``. ``tls=True`` runs a
+cluster under mutual TLS with etcd's flags (``https://`` client and peer URLs, a fresh
+CA and one certificate per member, client certificates required): accord and etcd get
+the same settings, so their TLS figures compare.
 
 Used by ``bench/kv.py``, ``bench/failover.py``, ``bench/idle.py`` and ``bench/shards.py``.
 """
@@ -33,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from accord.client.tls import TLSOptions, sync_channel  # noqa: E402
+from accord.node.certs import CertFiles, make_cluster_pki  # noqa: E402
 from accord.proto import rpc_pb2  # noqa: E402
 from accord.proto import rpc_pb2_grpc as _rpc_grpc  # noqa: E402
 
@@ -92,10 +97,39 @@ class Member:
     log_path: Path
     argv: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
+    certs: CertFiles | None = None
+    """This member's certificate when its cluster runs under TLS."""
+    tls: TLSOptions | None = None
+    """The client certificate to dial it with (a TLS cluster)."""
 
     @property
     def endpoint(self) -> str:
         return f"{HOST}:{self.client_port}"
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.certs is None else "https"
+
+    @property
+    def client_url(self) -> str:
+        return f"{self.scheme}://{self.endpoint}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"{self.scheme}://{HOST}:{self.peer_port}"
+
+    def channel(self) -> grpc.Channel:
+        """A blocking channel to this member (TLS when its cluster is)."""
+        return sync_channel(self.client_url, self.tls)
+
+    def tls_flags(self) -> list[str]:
+        """etcd's flags for mutual TLS on both kinds of traffic (none without TLS)."""
+        if self.certs is None:
+            return []
+        cert, key, ca = str(self.certs.cert), str(self.certs.key), str(self.certs.ca)
+        return ["--cert-file", cert, "--key-file", key, "--trusted-ca-file", ca,
+                "--client-cert-auth", "--peer-cert-file", cert, "--peer-key-file", key,
+                "--peer-trusted-ca-file", ca, "--peer-client-cert-auth"]
 
     @property
     def pid(self) -> int:
@@ -148,9 +182,10 @@ class Member:
         raise RuntimeError(f"{self.name} did not serve in {timeout}s; log:\n{self.log_tail()}")
 
 
-def status(endpoint: str, timeout: float = 1.0) -> rpc_pb2.StatusResponse:
-    """Maintenance.Status of one member."""
-    with grpc.insecure_channel(endpoint) as ch:
+def status(endpoint: str, timeout: float = 1.0,
+           tls: TLSOptions | None = None) -> rpc_pb2.StatusResponse:
+    """Maintenance.Status of one member (``https://`` with ``tls``)."""
+    with sync_channel(f"https://{endpoint}" if tls else endpoint, tls) as ch:
         resp: rpc_pb2.StatusResponse = rpc_pb2_grpc.MaintenanceStub(ch).Status(
             rpc_pb2.StatusRequest(), timeout=timeout)
         return resp
@@ -161,15 +196,24 @@ class Cluster(abc.ABC):
 
     kind = "?"
 
-    def __init__(self, root: Path, n: int) -> None:
+    def __init__(self, root: Path, n: int, *, tls: bool = False) -> None:
         self.root = root
+        label = f"{self.kind}-tls" if tls else self.kind  # a TLS cluster beside a plain one
         ports = free_ports(2 * n)
         self.members = [
-            Member(f"{self.kind}{i + 1}", ports[2 * i], ports[2 * i + 1],
-                   root / f"{self.kind}{i + 1}", root / f"{self.kind}{i + 1}.log")
+            Member(f"{label}{i + 1}", ports[2 * i], ports[2 * i + 1],
+                   root / f"{label}{i + 1}", root / f"{label}{i + 1}.log")
             for i in range(n)
         ]
-        self.initial = ",".join(f"{m.name}=http://{HOST}:{m.peer_port}" for m in self.members)
+        self.client_tls: TLSOptions | None = None
+        """The client certificate for a TLS cluster (None: plaintext)."""
+        if tls:
+            _, files = make_cluster_pki(root / f"{label}-certs", [m.name for m in self.members])
+            c = files["client"]
+            self.client_tls = TLSOptions(cacert=str(c.ca), cert=str(c.cert), key=str(c.key))
+            for m in self.members:
+                m.certs, m.tls = files[m.name], self.client_tls
+        self.initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
             m.argv = self.argv(m)
 
@@ -201,7 +245,7 @@ class Cluster(abc.ABC):
                 if not m.alive():
                     continue
                 try:
-                    with grpc.insecure_channel(m.endpoint) as ch:
+                    with m.channel() as ch:
                         rpc_pb2_grpc.KVStub(ch).Put(
                             rpc_pb2.PutRequest(key=b"__bench_ready", value=b"1"), timeout=2.0)
                     return
@@ -220,7 +264,7 @@ class Cluster(abc.ABC):
                 if not m.alive():
                     continue
                 with contextlib.suppress(grpc.RpcError):
-                    st = status(m.endpoint, 0.5)
+                    st = status(m.endpoint, 0.5, m.tls)
                     ids[st.header.member_id] = m
                     leaders.add(st.leader)
             if len(leaders) == 1:
@@ -245,15 +289,15 @@ class EtcdCluster(Cluster):
     kind = "etcd"
 
     def __init__(self, root: Path, n: int = 3, *, heartbeat_ms: int = 100,
-                 election_ms: int = 1000) -> None:
+                 election_ms: int = 1000, tls: bool = False) -> None:
         self.heartbeat_ms = heartbeat_ms
         self.election_ms = election_ms
         self.token = f"bench-{os.getpid()}-{time.monotonic_ns()}"
-        super().__init__(root, n)
+        super().__init__(root, n, tls=tls)
 
     def argv(self, m: Member) -> list[str]:
-        peer = f"http://{HOST}:{m.peer_port}"
-        client = f"http://{m.endpoint}"
+        peer = m.peer_url
+        client = m.client_url
         return [
             ETCD_BIN, "--name", m.name, "--data-dir", str(m.data_dir),
             "--listen-client-urls", client, "--advertise-client-urls", client,
@@ -263,6 +307,7 @@ class EtcdCluster(Cluster):
             "--heartbeat-interval", str(self.heartbeat_ms),
             "--election-timeout", str(self.election_ms),
             "--log-level", "warn", "--logger", "zap",
+            *m.tls_flags(),
         ]
 
 
@@ -272,22 +317,23 @@ class AccordCluster(Cluster):
     kind = "accord"
 
     def __init__(self, root: Path, n: int = 3, *, heartbeat_ms: int = 100,
-                 election_ms: int = 1000, extra: tuple[str, ...] = ()) -> None:
+                 election_ms: int = 1000, extra: tuple[str, ...] = (), tls: bool = False) -> None:
         self.heartbeat_ms = heartbeat_ms
         self.election_ms = election_ms
         self.extra = extra
-        super().__init__(root, n)
+        super().__init__(root, n, tls=tls)
 
     def argv(self, m: Member) -> list[str]:
         return [
             sys.executable, "-m", "accord", "serve",
             "--name", m.name, "--data-dir", str(m.data_dir),
-            "--listen-client-urls", f"http://{m.endpoint}",
-            "--listen-peer-urls", f"http://{HOST}:{m.peer_port}",
+            "--listen-client-urls", m.client_url,
+            "--listen-peer-urls", m.peer_url,
             "--initial-cluster", self.initial,
             "--heartbeat-interval", str(self.heartbeat_ms),
             "--election-timeout", str(self.election_ms),
             "--log-level", "warn",
+            *m.tls_flags(),
             *self.extra,
         ]
 
@@ -347,13 +393,13 @@ class Harness:
             cluster.start()
         return cluster
 
-    def etcd(self, **kw: int) -> EtcdCluster:
-        c = EtcdCluster(self.root, **kw)
+    def etcd(self, *, tls: bool = False, **kw: int) -> EtcdCluster:
+        c = EtcdCluster(self.root, tls=tls, **kw)
         self.add(c)
         return c
 
-    def accord(self, *, extra: tuple[str, ...] = (), **kw: int) -> AccordCluster:
-        c = AccordCluster(self.root, extra=extra, **kw)
+    def accord(self, *, extra: tuple[str, ...] = (), tls: bool = False, **kw: int) -> AccordCluster:
+        c = AccordCluster(self.root, extra=extra, tls=tls, **kw)
         self.add(c)
         return c
 

@@ -22,14 +22,18 @@ system goes first) and reports medians over the rounds:
   (default 50,000, not a million, to keep the run short), extrapolated linearly to MiB
   per million keys;
 * ``--profile S``: py-spy samples accord's leader for S seconds under put:256
-  (``--profile-cell watch:1000`` for another cell).
+  (``--profile-cell watch:1000`` for another cell);
+* ``--tls``: a second etcd and a second accord, both under mutual TLS on every port with
+  the same certificates' kind and etcd's flags (``bench/harness.py``), run the
+  ``--tls-cells`` (default put:1, get:1, put:256) in the same rounds; each TLS figure is
+  reported as a ratio to the same system without TLS and to etcd with TLS.
 
 Clients talk to every member round-robin, leader first (the single client of a
 1-concurrent cell talks to the leader). The machine's 2 cores are shared by the load
 generator, all servers and whatever else runs: figures are noisy, ratios less so.
 
 Usage: ``python bench/kv.py [--duration 5] [--reps 3] [--workers 3] [--mem-keys 50000]
-[--cells put:1,get:256,...] [--profile 10]``. Prints a table; the last line is one JSON
+[--cells put:1,get:256,...] [--profile 10] [--tls [--tls-cells put:1,...]]``. Prints a table; the last line is one JSON
 object with every figure and ratio.
 """
 
@@ -57,6 +61,8 @@ NULL_WORKLOADS = {"put", "get", "watch"}
 FLOOR_CELLS = {"put:1", "get:1"}
 """Cells also run on the do-nothing quorum servers (``bench/nullquorum.py``)."""
 MIB = 1 << 20
+TLS_CELLS = "put:1,get:1,put:256"
+TLS_SYSTEMS = ("etcd tls", "accord tls")
 
 
 def ordered_endpoints(c: Cluster) -> list[str]:
@@ -76,6 +82,14 @@ def spec_for(cell: str, eps: list[str], args: argparse.Namespace, system: str, r
     if workload == "lease":
         return Spec("lease", eps, num, args.duration, leases=args.leases, tag=f"r{rep}")
     return Spec(workload, eps, num, args.duration, tag=f"r{rep}", check=system not in ("null", "floor"))
+
+
+def tls_files(c: Cluster) -> tuple[str, str, str] | None:
+    """What the load generator dials ``c`` with: (CA, certificate, key), or None."""
+    t = c.client_tls
+    if t is None or not (t.cacert and t.cert and t.key):
+        return None
+    return t.cacert, t.cert, t.key
 
 
 def median(values: list[float]) -> float:
@@ -141,10 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-cell", default="put:256", help="the cell to profile (default put:256)")
     p.add_argument("--native", action="store_true", help="profile C frames too (py-spy --native)")
     p.add_argument("--keep", action="store_true", help="keep the data directory")
+    p.add_argument("--tls", action="store_true",
+                   help="also run --tls-cells on an etcd and an accord under mutual TLS")
+    p.add_argument("--tls-cells", default=TLS_CELLS,
+                   help=f"cells run under TLS with --tls (default {TLS_CELLS})")
     p.add_argument("--accord-args", default="",
                    help="extra flags for every accord serve, e.g. \"--shards 1 --gossip-listen off\"")
     args = p.parse_args(argv)
     cells = [c.strip() for c in args.cells.split(",") if c.strip()]
+    tls_cells = [c.strip() for c in args.tls_cells.split(",") if c.strip()] if args.tls else []
+    cells += [c for c in tls_cells if c not in cells]
     for cell in cells:  # validate the cells before starting anything
         try:
             spec_for(cell, ["x"], args, "etcd", 0)
@@ -165,9 +185,12 @@ def main(argv: list[str] | None = None) -> int:
             systems["null fan-out"] = h.null_fanout()
         if FLOOR_CELLS.intersection(cells):
             systems["floor"] = h.null_quorum(args.floor_links)
+        if tls_cells:
+            systems["etcd tls"] = h.etcd(tls=True)
+            systems["accord tls"] = h.accord(extra=tuple(args.accord_args.split()), tls=True)
         for rep in range(args.reps):
             for i, cell in enumerate(cells):
-                order = ["etcd", "accord", "null", "floor"]
+                order = ["etcd", "accord", "null", "floor", *TLS_SYSTEMS]
                 if (rep + i) % 2:
                     order.reverse()
                 for name in order:
@@ -175,10 +198,14 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     if name == "floor" and cell not in FLOOR_CELLS:
                         continue
+                    if name in TLS_SYSTEMS and cell not in tls_cells:
+                        continue
                     c = systems["null fan-out" if name == "null" and cell.startswith("watch") else name]
-                    r = lg.run(spec_for(cell, ordered_endpoints(c), args, name, rep))
+                    spec = spec_for(cell, ordered_endpoints(c), args, name, rep)
+                    spec.tls = tls_files(c)
+                    r = lg.run(spec)
                     results.setdefault((cell, name), []).append(r)
-                    print(f"  round {rep + 1} {cell:<10} {name:<6} {r.ops_s:9.0f} ops/s "
+                    print(f"  round {rep + 1} {cell:<10} {name:<10} {r.ops_s:9.0f} ops/s "
                           f"p50 {fmt(r.p50_ms)} p99 {fmt(r.p99_ms)} ms errors {r.errors}",
                           file=sys.stderr, flush=True)
         prof: dict[str, Any] = {}
@@ -212,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, float] = {}
     for cell in cells:
         row: dict[str, Any] = {}
-        for name in ("etcd", "accord", "null", "floor"):
+        for name in ("etcd", "accord", "null", "floor", *TLS_SYSTEMS):
             rs = results.get((cell, name))
             if rs:
                 row[name] = {"ops_s": median([r.ops_s for r in rs]),
@@ -258,6 +285,24 @@ def main(argv: list[str] | None = None) -> int:
                   f"consensus, no store): p99 {fmt(n['p99_ms'])} ms = "
                   f"{fmt(ratios.get(f'{cell}/null_p99', float('nan')))}x etcd's; accord "
                   f"{fmt(ratios.get(f'{cell}/p99_of_null', float('nan')))}x the do-nothing")
+    if tls_cells:
+        print("\nmutual TLS on every port (client and peer), same cells, same rounds:")
+        print(f"{'cell':<11}{'etcd tls':>10}{'/etcd':>7}{'accord tls':>12}{'/accord':>8}"
+              f"{'p99 ms':>8}{'a/e tls':>8}{'p99 a/e':>8}")
+        for cell in tls_cells:
+            row = table[cell]
+            e, a = row.get("etcd", {}), row.get("accord", {})
+            et, at = row.get("etcd tls", {}), row.get("accord tls", {})
+            tls_r = {"etcd_tls/etcd": ratio_of(et, e), "accord_tls/accord": ratio_of(at, a),
+                     "accord_tls/etcd_tls": ratio_of(at, et),
+                     "accord_tls/etcd_tls_p99": ratio_of(at, et, "p99_ms")}
+            for k, v in tls_r.items():
+                ratios[f"{cell}/{k}"] = round(v, 3)
+            nan = float("nan")
+            print(f"{cell:<11}{fmt(et.get('ops_s', nan), 0):>10}{fmt(tls_r['etcd_tls/etcd']):>7}"
+                  f"{fmt(at.get('ops_s', nan), 0):>12}{fmt(tls_r['accord_tls/accord']):>8}"
+                  f"{fmt(at.get('p99_ms', nan)):>8}{fmt(tls_r['accord_tls/etcd_tls']):>8}"
+                  f"{fmt(tls_r['accord_tls/etcd_tls_p99']):>8}")
     if memory:
         print(f"\nmemory, {args.mem_keys} keys of 256 B loaded (extrapolated linearly to 1M):")
         for name, m in memory.items():
@@ -284,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
                 "profile": prof, "wall_s": round(time.time() - started)})
     print(json.dumps(clean(out), allow_nan=False))
     return 0
+
+
+def ratio_of(x: dict[str, float], y: dict[str, float], key: str = "ops_s") -> float:
+    """``x[key] / y[key]``, NaN when either is missing."""
+    nan = float("nan")
+    return x.get(key, nan) / y[key] if y.get(key) else nan
 
 
 def check_goals(ratios: dict[str, float]) -> dict[str, bool]:

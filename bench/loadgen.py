@@ -70,6 +70,8 @@ class Spec:
     """Load workload: distinct keys to put."""
     check: bool = True
     """Reads fail when a seeded key is missing (off for the do-nothing server)."""
+    tls: tuple[str, str, str] | None = None
+    """(CA, certificate, key) files: dial the endpoints over mutual TLS."""
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from accord.client.tls import TLSOptions, aio_channel
 from accord.proto import rpc_pb2
 from accord.proto import rpc_pb2_grpc as _rpc_grpc
 from bench.loadgen import READ_KEYS, RPC_TIMEOUT, Spec, random_value, share, stamp, unstamp
@@ -92,13 +93,17 @@ class Worker:
         self.index = index
         self.count = count
         self.channels: dict[str, grpc.aio.Channel] = {}
+        self.tls: TLSOptions | None = None
+        """How the current spec's endpoints are dialed (set by ``prepare``)."""
         self.seeded: set[tuple[str, ...]] = set()
         self.leases: dict[tuple[str, ...], list[int]] = {}
 
     def channel(self, endpoint: str) -> grpc.aio.Channel:
         ch = self.channels.get(endpoint)
         if ch is None:
-            ch = grpc.aio.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", -1)])
+            options = [("grpc.max_receive_message_length", -1)]
+            url = f"https://{endpoint}" if self.tls is not None else endpoint
+            ch = aio_channel(url, self.tls, options)
             self.channels[endpoint] = ch
         return ch
 
@@ -121,6 +126,7 @@ class Worker:
 
     async def prepare(self, spec: Spec) -> Runner:
         """Do ``spec``'s setup; return its runner."""
+        self.tls = TLSOptions(*spec.tls) if spec.tls else None
         make = getattr(self, f"_w_{spec.workload}")
         runner: Runner = await make(spec)
         return runner
