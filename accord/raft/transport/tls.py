@@ -92,7 +92,8 @@ class TLSListener:
         self._tls = tls
         self._on_connection = on_connection
         self._on_refused = on_refused
-        self._sock = socket.create_server((host, port))
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.create_server((host, port), family=family)
         self._sock.setblocking(False)
         self.sockets = [self._sock]
         self._tasks: set[asyncio.Task[None]] = set()
@@ -134,9 +135,9 @@ class TLSListener:
 
     def close(self) -> None:
         """Stop accepting and abandon handshakes in progress."""
-        self._sock.close()
         for task in self._tasks:
-            task.cancel()
+            task.cancel()  # before the socket goes: a pending accept is withdrawn, not failed
+        self._sock.close()
 
     async def wait_closed(self) -> None:
         """Wait for the accept loop and every handshake task to end."""
