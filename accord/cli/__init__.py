@@ -56,6 +56,12 @@ def _nodes(argv: list[str]) -> int:
     return nodes.nodes_main(argv)
 
 
+def _snapshot(argv: list[str]) -> int:
+    from accord.cli import snapshot
+
+    return snapshot.main(argv)
+
+
 def _simulate(argv: list[str]) -> int:
     from accord.raft.simulation import demo
 
@@ -70,6 +76,7 @@ _COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "jobs": (_jobs, "GPU jobs: `accord jobs submit|ls|show|cancel|watch`"),
     "nodes": (_nodes, "members (SWIM): `accord nodes [watch]`; GPU nodes: "
                       "`accord nodes --gpus | ls|drain|undrain|register|agent`"),
+    "snapshot": (_snapshot, "back up and restore: `accord snapshot save|status|restore`"),
     "wal": (_wal, "inspect a node's write-ahead log: `accord wal check DIR`"),
     "simulate": (_simulate, "watch a simulated Raft cluster elect, replicate and fail over"),
 }

@@ -22,6 +22,7 @@ import msgpack
 from accord.node.members import CATCH_UP_SLACK, META_GROUP, NotEnoughStartedMembers
 from accord.raft.core.types import Role
 from accord.raft.host.multiraft import GroupUnavailable
+from accord.services.cluster import snapfile
 from accord.services.cluster.members import MemberChangeError, MemberRecord
 from accord.services.kv import errors
 from accord.services.kv.backend import (
@@ -234,8 +235,34 @@ class ReplicatedBackend(StateMachineBackend):
         return await asyncio.to_thread(serialize)
 
     async def snapshot(self) -> tuple[int, bytes]:
-        rev = self.revision
-        return rev, await self._image()
+        """A backup file (``snapfile.py``) of every group this member hosts: the member
+        table, the KV shards, the scheduler and any other service's group, each as its
+        state machine's snapshot, captured in one go on the loop (no await between two
+        groups) and serialized off it.
+
+        One shard: this member's applied state, as etcd's snapshot (it works without a
+        quorum). Several shards: their revisions only form one order through floors, so
+        the save passes a ReadIndex barrier on each shard, takes R = the highest
+        revision, floors every shard at R (no shard writes at or below R afterwards),
+        captures, and cuts what the shards applied after R from their images: the
+        backup holds exactly the keys at R (this needs each shard's quorum)."""
+        kv_groups = list(self.groups)
+        if self.shards > 1:
+            every = list(range(self.shards))
+            await self._each(every, self.read_barrier)
+            rev = self.revision
+            await self.floor(every, rev)
+        else:
+            rev = self.revision
+        captures = {gid: g.sm.prepare_snapshot() for gid, g in self.node.host.groups.items()}
+
+        def build() -> bytes:
+            images = {gid: c() for gid, c in captures.items()}
+            for gid in kv_groups:
+                images[gid] = KVStateMachine.image_at(images[gid], rev)
+            return snapfile.encode(rev, images, kv_groups)
+
+        return rev, await asyncio.to_thread(build)
 
     async def defragment(self) -> None:
         """Nothing to reclaim: compacted history leaves memory when compaction applies."""

@@ -116,8 +116,8 @@ class Node:
         self.client_tls = ReloadingTLS(client_tls) if client_tls else None
         self.peer_tls = ReloadingTLS(peer_tls) if peer_tls else None
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.shards = await asyncio.to_thread(_check_shard_count, self.data_dir, cfg.shards)
-        await asyncio.to_thread(_write_member_file, self.data_dir, self.member_id, self.joined)
+        self.shards = await asyncio.to_thread(check_shard_count, self.data_dir, cfg.shards)
+        await asyncio.to_thread(write_member_file, self.data_dir, self.member_id, self.joined)
         wal, recovered = await asyncio.to_thread(WriteAheadLog.open, self.data_dir / "wal")
         self.wal = wal
         snapshots = SnapshotStore(self.data_dir / "snap")
@@ -147,12 +147,7 @@ class Node:
             self.cluster = ClusterStateMachine({}, [])
         else:
             voters = sorted(ids.values())
-            initial = {
-                ids[name]: MemberRecord(ids[name], name, tuple(urls))
-                for name, urls in cfg.members().items()
-            }
-            self.cluster = ClusterStateMachine(initial, [
-                ShardPlacement(i, kv_group(i), tuple(voters)) for i in range(self.shards)])
+            self.cluster = initial_table(cfg, self.shards)
         self.members = MemberChanges(self)
         limits = Limits(max_request_bytes=cfg.max_request_bytes, max_txn_ops=cfg.max_txn_ops)
         self.machines = [
@@ -315,6 +310,17 @@ SHARDS_FILE = "shards"
 MEMBER_FILE = "member"
 
 
+def initial_table(cfg: Config, shards: int) -> ClusterStateMachine:
+    """The meta group's table of a cluster bootstrapped from ``--initial-cluster``: its
+    members, and every shard on all of them (also what a restore starts a cluster with)."""
+    ids = cfg.member_ids()
+    voters = tuple(sorted(ids.values()))
+    initial = {ids[name]: MemberRecord(ids[name], name, tuple(urls))
+               for name, urls in cfg.members().items()}
+    return ClusterStateMachine(
+        initial, [ShardPlacement(i, kv_group(i), voters) for i in range(shards)])
+
+
 def _read_member_file(data_dir: Path) -> tuple[int, bool] | None:
     """(member id, joined at runtime) recorded by an earlier start, or None."""
     path = data_dir / MEMBER_FILE
@@ -330,14 +336,14 @@ def _read_member_file(data_dir: Path) -> tuple[int, bool] | None:
                           "the data directory is damaged") from None
 
 
-def _write_member_file(data_dir: Path, member_id: int, joined: bool) -> None:
+def write_member_file(data_dir: Path, member_id: int, joined: bool) -> None:
     """Record the member id and how the member started (once, durably)."""
     path = data_dir / MEMBER_FILE
     if not path.exists():
-        _write_durably(path, f"id={member_id:x}\njoined={int(joined)}\n")
+        write_durably(path, f"id={member_id:x}\njoined={int(joined)}\n")
 
 
-def _write_durably(path: Path, text: str) -> None:
+def write_durably(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temp file, fsync, rename, fsync the dir)."""
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
@@ -352,7 +358,7 @@ def _write_durably(path: Path, text: str) -> None:
         os.close(fd)
 
 
-def _check_shard_count(data_dir: Path, shards: int) -> int:
+def check_shard_count(data_dir: Path, shards: int) -> int:
     """The number of KV shards, fixed when the member's data directory was created.
 
     Recorded in ``<data-dir>/shards`` on first start; a restart with another
@@ -369,7 +375,7 @@ def _check_shard_count(data_dir: Path, shards: int) -> int:
                 f"with --shards {recorded}: the number of shards is fixed when a cluster is "
                 f"created (start with --shards {recorded})")
         return recorded
-    _write_durably(path, f"{shards}\n")
+    write_durably(path, f"{shards}\n")
     return shards
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import grpc
 import pytest
 
 from accord.proto import rpc_pb2, rpc_pb2_grpc
-from accord.services.cluster.servicer import decode_snapshot_file, encode_snapshot_file
+from accord.services.cluster import snapfile
 from accord.services.kv.statemachine import KVStateMachine
 from tests.api.conftest import Running
 
@@ -76,10 +74,10 @@ async def test_maintenance(running: Running) -> None:
     blob = b"".join(c.blob for c in chunks)
     assert len(blob) % 512 == 32 and chunks[-1].remaining_bytes == 0
     assert chunks[0].remaining_bytes == len(blob) - len(chunks[0].blob)
-    revision, payload = decode_snapshot_file(blob)
-    assert revision == chunks[0].header.revision == put.header.revision
+    snap = snapfile.decode(blob)
+    assert snap.revision == chunks[0].header.revision == put.header.revision
     sm = KVStateMachine()
-    sm.restore(payload)
+    sm.restore(snap.groups[snap.kv_groups[0]])
     assert sm.range(rpc_pb2.RangeRequest(key=b"k")).kvs[0].value == b"v"
 
 
@@ -93,23 +91,3 @@ async def test_auth_is_disabled(running: Running) -> None:
     code, msg = await _error(auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="u"), timeout=5))
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "not supported" in msg
     await auth.AuthDisable(rpc_pb2.AuthDisableRequest(), timeout=5)
-
-
-@pytest.mark.parametrize("size", [0, 1, 479, 480, 481, 1000, 70_000])
-def test_snapshot_file_round_trip_and_alignment(size: int) -> None:
-    payload = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
-    blob = encode_snapshot_file(42, payload)
-    assert len(blob) % 512 == 32
-    assert decode_snapshot_file(blob) == (42, payload)
-
-
-def test_snapshot_file_damage_is_detected() -> None:
-    blob = bytearray(encode_snapshot_file(7, b"payload"))
-    blob[100] ^= 1
-    with pytest.raises(ValueError, match="sha256"):
-        decode_snapshot_file(bytes(blob))
-    with pytest.raises(ValueError, match="size"):
-        decode_snapshot_file(bytes(blob[:-1]))
-    with pytest.raises(ValueError, match="magic"):
-        body = b"\0" * 512
-        decode_snapshot_file(body + hashlib.sha256(body).digest())

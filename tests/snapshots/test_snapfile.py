@@ -143,3 +143,33 @@ def test_a_raw_db_without_trailer_needs_skip_hash_check() -> None:
     with pytest.raises(snapfile.SnapshotFileError, match="--skip-hash-check"):
         snapfile.decode(db)
     assert snapfile.decode(db, skip_hash_check=True).revision == 5
+
+
+def test_an_image_cut_back_to_a_revision_holds_exactly_the_keys_then() -> None:
+    sm = KVStateMachine()
+    lease = sm.apply(KVStateMachine.encode_lease_grant(pb.LeaseGrantRequest(TTL=60), 1000))
+    assert isinstance(lease, pb.LeaseGrantResponse)
+    for i in range(50):
+        sm.apply(KVStateMachine.encode_put(pb.PutRequest(key=b"k%d" % (i % 20), value=b"%d" % i)))
+    cut = sm.revision
+    then = _live([sm])
+    sm.apply(KVStateMachine.encode_put(pb.PutRequest(key=b"k1", value=b"late", lease=lease.ID)))
+    sm.apply(KVStateMachine.encode_put(pb.PutRequest(key=b"new", value=b"late")))
+    sm.apply(KVStateMachine.encode_delete_range(pb.DeleteRangeRequest(key=b"k2")))
+    back = KVStateMachine()
+    back.restore(KVStateMachine.image_at(sm.snapshot(), cut))
+    assert back.revision == cut and _live([back]) == then
+    assert back.leases.leases[lease.ID].keys == set()  # k1 held it only after the cut
+
+
+def test_a_restored_image_keeps_each_lease_remaining_time_in_a_new_clock() -> None:
+    sm = KVStateMachine()
+    sm.apply(KVStateMachine.encode_lease_grant(pb.LeaseGrantRequest(TTL=100), 5_000, term=7))
+    sm.apply(KVStateMachine.encode_lease_checkpoint(45_000, 7))  # 60 s left
+    back = KVStateMachine()
+    back.restore(KVStateMachine.image_for_new_cluster(sm.snapshot(), 900_000))
+    (lease,) = back.leases.leases.values()
+    assert back.leases.clock_term == 0 and back.leases.clock_ms == 900_000
+    assert back.leases.remaining_s(lease, 900_000) == 60
+    back.apply(KVStateMachine.encode_lease_checkpoint(5_000_000, 2))  # the new cluster's term 2
+    assert back.leases.remaining_s(lease, 5_000_000) == 60

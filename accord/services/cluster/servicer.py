@@ -3,16 +3,9 @@
 Thin, like the KV servicers: translate, call the :class:`~accord.services.kv.backend.Backend`,
 fill the header, map :class:`~accord.services.kv.errors.EtcdError` to ``context.abort``.
 
-``Maintenance.Snapshot`` streams an *accord snapshot file*: ``etcdctl snapshot save``
-accepts it (etcd clients require the stream's total size to be 32 more than a multiple of
-512, a SHA-256 trailer after 512-byte-aligned data, which is what a bbolt file plus its
-hash looks like). Layout::
-
-    b"ACCORDSN" | u32 format (1) | u64 revision | u64 payload length | payload
-    | zero padding to a multiple of 512 | sha256(everything before)
-
-``payload`` is the KV state machine's snapshot. ``etcdctl snapshot restore/status`` read
-bbolt files and cannot read this one; :func:`decode_snapshot_file` can.
+``Maintenance.Snapshot`` streams the backend's backup file (``snapfile.py``): a bbolt
+database in etcd's layout plus every group's state, followed by its SHA-256, which is
+what etcd streams, so ``etcdctl snapshot save``, ``status`` and ``restore`` work on it.
 
 Auth: accord does not implement etcd's users and roles. ``AuthStatus`` reports auth
 disabled, ``Authenticate`` answers etcd's "authentication is not enabled", listings are
@@ -21,8 +14,6 @@ empty, and changes are refused with a message that says so.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 from urllib.parse import urlsplit
@@ -36,9 +27,6 @@ from accord.services.kv.servicer import fill_header, or_abort
 
 T = TypeVar("T")
 
-SNAPSHOT_MAGIC = b"ACCORDSN"
-SNAPSHOT_FORMAT = 1
-_SNAP_HEAD = struct.Struct(">8sIQQ")
 SNAPSHOT_CHUNK = 32 * 1024
 """Blob bytes per SnapshotResponse (etcd sends 32 KiB chunks)."""
 
@@ -47,31 +35,6 @@ MSG_AUTH_UNSUPPORTED = (
     "accord: users and roles are not supported (accord does not implement etcd "
     "authentication); secure access with TLS and network policy instead"
 )
-
-
-def encode_snapshot_file(revision: int, payload: bytes) -> bytes:
-    """Frame a state-machine snapshot as an accord snapshot file (size ≡ 32 mod 512)."""
-    head = _SNAP_HEAD.pack(SNAPSHOT_MAGIC, SNAPSHOT_FORMAT, revision, len(payload))
-    body = head + payload
-    body += b"\x00" * (-len(body) % 512)
-    return body + hashlib.sha256(body).digest()
-
-
-def decode_snapshot_file(data: bytes) -> tuple[int, bytes]:
-    """``(revision, payload)`` of an accord snapshot file; ValueError saying what is wrong."""
-    if len(data) < _SNAP_HEAD.size + 32 or len(data) % 512 != 32:
-        raise ValueError("not an accord snapshot file: wrong size (truncated or not a snapshot)")
-    body, digest = data[:-32], data[-32:]
-    if hashlib.sha256(body).digest() != digest:
-        raise ValueError("accord snapshot file is corrupt: sha256 trailer does not match")
-    magic, fmt, revision, length = _SNAP_HEAD.unpack_from(body)
-    if magic != SNAPSHOT_MAGIC:
-        raise ValueError("not an accord snapshot file (bad magic; etcd bbolt files are not)")
-    if fmt != SNAPSHOT_FORMAT:
-        raise ValueError(f"accord snapshot file format {fmt} is not supported (expected 1)")
-    if _SNAP_HEAD.size + length > len(body):
-        raise ValueError("accord snapshot file is corrupt: payload length exceeds the file")
-    return revision, body[_SNAP_HEAD.size : _SNAP_HEAD.size + length]
 
 
 def _member_pb(m: MemberInfo) -> rpc_pb2.Member:
@@ -241,9 +204,8 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
     async def Snapshot(
         self, request: rpc_pb2.SnapshotRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rpc_pb2.SnapshotResponse]:
-        """Stream an accord snapshot file (module docstring), 32 KiB per message."""
-        revision, payload = await or_abort(context, self._b.snapshot())
-        blob = encode_snapshot_file(revision, payload)
+        """Stream the backup file (module docstring), 32 KiB per message."""
+        revision, blob = await or_abort(context, self._b.snapshot())
         total = len(blob)
         for start in range(0, total, SNAPSHOT_CHUNK):
             chunk = blob[start : start + SNAPSHOT_CHUNK]

@@ -47,6 +47,9 @@ from accord.services.kv.etcdformat import Buckets
 
 FORMAT = 1
 """The version of this file format (bucket ``accord``, key ``format``)."""
+KV_SHARD0_GROUP = 2
+"""The Raft group id a node keeps KV shard 0 in (``accord.node.backend.KV_GROUP``); a
+single-store backend's backup names its store so, and restores as that shard."""
 ACCORD_BUCKET = b"accord"
 GROUPS_BUCKET = b"accord_groups"
 _U64 = struct.Struct(">Q")

@@ -204,7 +204,8 @@ class Backend(Protocol):
         """Get, raise or clear alarms; returns ``(member_id, AlarmType)`` pairs."""
 
     async def snapshot(self) -> tuple[int, bytes]:
-        """A consistent image of the store: ``(revision, bytes)``."""
+        """``(revision, backup file)``: a consistent image of everything this member
+        holds, in the format of ``accord/services/cluster/snapfile.py``."""
 
     async def defragment(self) -> None:
         """Reclaim storage space on this member."""

@@ -34,6 +34,7 @@ from typing import Any
 
 import crc32c
 
+from accord.services.cluster import snapfile
 from accord.services.kv import errors
 from accord.services.kv.backend import (
     ETCD_COMPAT_VERSION,
@@ -423,9 +424,15 @@ class LocalBackend(StateMachineBackend):
         )
 
     async def snapshot(self) -> tuple[int, bytes]:
-        """The state machine's image at the current revision."""
+        """A backup file (``snapfile.py``) of the state machine at the current revision,
+        as the group a node keeps shard 0 in (``snapfile.KV_SHARD0_GROUP``)."""
         revision, serialize = self.sm.revision, self.sm.prepare_snapshot()
-        return revision, await asyncio.to_thread(serialize)
+        group = snapfile.KV_SHARD0_GROUP
+
+        def build() -> bytes:
+            return snapfile.encode(revision, {group: serialize()}, [group])
+
+        return revision, await asyncio.to_thread(build)
 
     async def defragment(self) -> None:
         """Compact the command log into the snapshot file (nothing to do in memory)."""

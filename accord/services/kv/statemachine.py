@@ -34,7 +34,7 @@ from accord.services.kv import errors, txn, validate
 from accord.services.kv.codec import Kind, decode, encode
 from accord.services.kv.leases import LeaseTable
 from accord.services.kv.limits import Limits
-from accord.services.kv.mvcc import LEASE, VALUE, MVCCStore, WriteTxn
+from accord.services.kv.mvcc import LEASE, MOD, VALUE, MVCCStore, WriteTxn
 from accord.services.kv.ops import Executor
 from accord.services.kv.pbwire import varint
 from accord.services.kv.ranges import KeyRange
@@ -515,6 +515,56 @@ class KVStateMachine:
             return packed
 
         return serialize
+
+    @staticmethod
+    def image_at(data: bytes, revision: int) -> bytes:
+        """A snapshot image cut back to ``revision``: versions written after it dropped
+        (keys left with none disappear), the store's revision set to it, and each
+        lease's keys those whose version at ``revision`` holds the lease. Leases granted
+        after ``revision`` stay (a grant has no revision), without keys."""
+        try:
+            fmt, (rev, compact, entries), lease_image = msgpack.unpackb(data, raw=False)
+            if fmt != SNAPSHOT_FORMAT:
+                raise ValueError(f"unknown KV snapshot format {fmt!r}")
+        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
+            raise errors.bad_request(f"malformed KV snapshot: {exc}") from exc
+        if rev <= revision:
+            return data
+        kept = []
+        held: dict[int, list[bytes]] = {}
+        for key, recs in entries:
+            recs = [r for r in recs if r[MOD] <= revision]
+            if recs:
+                kept.append([key, recs])
+                last = recs[-1]
+                if last[VALUE] is not None and last[LEASE]:
+                    held.setdefault(last[LEASE], []).append(key)
+        for row in lease_image[4]:
+            row[3] = held.get(row[0], [])
+        image = [fmt, [revision, compact, kept], lease_image]
+        packed: bytes = msgpack.packb(image, use_bin_type=True)
+        return packed
+
+    @staticmethod
+    def image_for_new_cluster(data: bytes, now_ms: int) -> bytes:
+        """A snapshot image for a cluster restored from it at wall-clock ``now_ms``: the
+        lease clock is moved to ``now_ms`` with every deadline (each lease keeps the time
+        it had left when the image was taken) and forgets the old cluster's Raft term,
+        whose numbers mean nothing in the new one (its terms start again at 1, and a
+        clock reading of an older term is ignored); the new leader's first lease
+        command then rebases the deadlines into its own clock."""
+        try:
+            fmt, store_image, lease_image = msgpack.unpackb(data, raw=False)
+            if fmt != SNAPSHOT_FORMAT:
+                raise ValueError(f"unknown KV snapshot format {fmt!r}")
+            shift = now_ms - lease_image[0]
+            lease_image[0], lease_image[1] = now_ms, 0
+            for row in lease_image[4]:
+                row[2] += shift
+        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
+            raise errors.bad_request(f"malformed KV snapshot: {exc}") from exc
+        packed: bytes = msgpack.packb([fmt, store_image, lease_image], use_bin_type=True)
+        return packed
 
     def restore(self, data: bytes) -> None:
         """Replace the state with a snapshot's; live watchers catch up from it."""
