@@ -127,7 +127,8 @@ async def test_nospace_alarm_blocks_writes_but_not_reads_or_deletes() -> None:
     b = await LocalBackend.open()
     try:
         await b.put(rpc_pb2.PutRequest(key=b"a", value=b"1"))
-        act = rpc_pb2.AlarmRequest(action=rpc_pb2.AlarmRequest.ACTIVATE, alarm=rpc_pb2.NOSPACE)
+        act = rpc_pb2.AlarmRequest(action=rpc_pb2.AlarmRequest.ACTIVATE, alarm=rpc_pb2.NOSPACE,
+                                   memberID=b.member_id)
         assert await b.alarm(act) == [(b.member_id, rpc_pb2.NOSPACE)]
         with pytest.raises(EtcdError) as info:
             await b.put(rpc_pb2.PutRequest(key=b"b", value=b"2"))
@@ -154,7 +155,8 @@ async def test_nospace_alarm_blocks_writes_but_not_reads_or_deletes() -> None:
         assert status.errors == (f"memberID:{b.member_id} alarm:NOSPACE ",)
         get = await b.alarm(rpc_pb2.AlarmRequest(action=rpc_pb2.AlarmRequest.GET))
         assert get == [(b.member_id, rpc_pb2.NOSPACE)]
-        deact = rpc_pb2.AlarmRequest(action=rpc_pb2.AlarmRequest.DEACTIVATE, alarm=rpc_pb2.NOSPACE)
+        deact = rpc_pb2.AlarmRequest(action=rpc_pb2.AlarmRequest.DEACTIVATE, alarm=rpc_pb2.NOSPACE,
+                                     memberID=b.member_id)
         await b.alarm(deact)
         await b.put(rpc_pb2.PutRequest(key=b"b", value=b"2"))
     finally:

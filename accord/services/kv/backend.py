@@ -98,9 +98,13 @@ class AlarmTable:
 
     raised: list[tuple[int, int]] = field(default_factory=list)
 
-    def apply(self, req: rpc_pb2.AlarmRequest, member_id: int) -> list[tuple[int, int]]:
-        """Apply an ``AlarmRequest``; returns the alarms the response lists (etcd's rules)."""
-        target = req.memberID or member_id
+    def apply(self, req: rpc_pb2.AlarmRequest) -> list[tuple[int, int]]:
+        """Apply an ``AlarmRequest``; returns the alarms the response lists (etcd's rules).
+
+        An alarm is kept under the ``memberID`` it is raised for, 0 ("all members")
+        included, as etcd keeps it: the same alarm raised for member 0 and for a named
+        member are two entries, and deactivating one leaves the other."""
+        target = req.memberID
         if req.action == rpc_pb2.AlarmRequest.GET:
             return [a for a in self.raised if req.alarm in (rpc_pb2.NONE, a[1])]
         if req.action == rpc_pb2.AlarmRequest.ACTIVATE:
@@ -122,9 +126,11 @@ class AlarmTable:
         return any(a[1] == alarm for a in self.raised)
 
     def names(self) -> tuple[str, ...]:
-        """Alarm strings for ``StatusResponse.errors`` (etcd's "memberID:… alarm:…" form)."""
+        """Alarm strings for ``StatusResponse.errors``: etcd's text form of the alarm,
+        "memberID:… alarm:… ", which leaves out a zero member id ("alarm:NOSPACE ")."""
         return tuple(
-            f"memberID:{mid} alarm:{rpc_pb2.AlarmType.Name(a)} " for mid, a in self.raised
+            (f"memberID:{mid} " if mid else "") + f"alarm:{rpc_pb2.AlarmType.Name(a)} "
+            for mid, a in self.raised
         )
 
 
@@ -536,7 +542,7 @@ class StateMachineBackend(ABC):
 
     async def alarm(self, req: rpc_pb2.AlarmRequest) -> list[tuple[int, int]]:
         """Alarms on this member's table."""
-        return self.alarms.apply(req, self.header_info().member_id)
+        return self.alarms.apply(req)
 
     async def hash_kv(self, revision: int) -> HashKVResult:
         """Hash of the MVCC keys up to ``revision`` (every shard's, combined)."""
