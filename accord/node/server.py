@@ -271,9 +271,12 @@ class Node:
             await asyncio.sleep(PROGRESS_NOTIFY_INTERVAL)
             self.backend.watch_hub.notify_progress()
 
-    async def stop(self) -> None:
-        """Graceful stop: hand leaderships over, stop serving, close everything."""
-        await self._transfer_leaderships()
+    async def stop(self, *, graceful: bool = True) -> None:
+        """Stop serving and close everything; ``graceful`` first hands leaderships over
+        (``False``: as a crash looks to the peers, which must elect new leaders; used by
+        ``accord.testing`` to kill an in-process node)."""
+        if graceful:
+            await self._transfer_leaderships()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

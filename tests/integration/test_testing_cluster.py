@@ -1,0 +1,52 @@
+"""``accord.testing``: the in-process cluster users' tests get, driven as they would."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from accord.proto import rpc_pb2
+from accord.testing.cluster import TestCluster, cluster
+
+
+async def test_a_killed_leader_is_replaced_and_catches_up_after_restart() -> None:
+    async with cluster(nodes=3) as c:
+        assert len(c.endpoints) == 3 and len(set(c.endpoints)) == 3
+        client = c.client()
+        await client.put("/cfg/a", "1")
+        leader = await c.wait_leader()
+        await c.kill(leader)
+        assert not c.nodes[leader].running
+        await client.put("/cfg/a", "2")  # the client fails over; a new leader serves
+        assert (await c.wait_leader()) != leader
+        await c.restart(leader)
+        node = c.nodes[leader].node
+        assert node is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while loop.time() < deadline:  # the restarted member catches up on its own
+            r = node.kv.range(rpc_pb2.RangeRequest(key=b"/cfg/a"))
+            if r.kvs and r.kvs[0].value == b"2":
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the restarted node never applied the write it missed")
+
+
+async def test_the_pytest_fixture_gives_a_running_cluster(accord_cluster: TestCluster) -> None:
+    client = accord_cluster.client()
+    rev = await client.put("k", "v")
+    kv = await client.get("k")
+    assert kv is not None and kv.value == b"v" and kv.mod_revision == rev
+    assert all(n.running for n in accord_cluster.nodes)
+
+
+async def test_a_node_that_is_down_cannot_be_killed_again() -> None:
+    async with cluster(nodes=1) as c:
+        await c.kill(0)
+        with pytest.raises(ValueError, match="not running"):
+            await c.kill(0)
+        await c.restart(0)
+        with pytest.raises(ValueError, match="is running"):
+            await c.restart(0)
