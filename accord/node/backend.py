@@ -34,7 +34,7 @@ from accord.services.kv.backend import (
     now_ms,
 )
 from accord.services.kv.errors import EtcdError
-from accord.services.kv.statemachine import KVStateMachine
+from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
 
 if TYPE_CHECKING:
     from accord.node.parts import NodeParts
@@ -103,6 +103,12 @@ class ReplicatedBackend(StateMachineBackend):
     @property
     def _group(self) -> Any:
         return self.node.host.group(KV_GROUP)
+
+    @property
+    def compact_commands(self) -> bool:
+        """Format-2 commands only once every member advertised it applies them (an older
+        member would refuse them and stop applying its log): the cluster-version gate."""
+        return self.node.cluster.min_command_format() >= COMPACT_FORMAT
 
     async def commit(self, command: bytes, shard: int = 0) -> Any:
         """Replicate ``command`` on ``shard``; the answer is what its apply returned."""

@@ -58,7 +58,7 @@ from accord.raft.transport.tls import PeerTLS
 from accord.services.cluster.members import ClusterStateMachine, MemberRecord, ShardPlacement
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
-from accord.services.kv.statemachine import KVStateMachine
+from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
 from accord.services.scheduling.replicated import SCHEDULING_GROUP, SchedulerShard
 from accord.services.scheduling.servicer import add_scheduler_service
 
@@ -183,6 +183,7 @@ class Node:
         await self.grpc.start()
         self._tasks = [
             asyncio.create_task(self._publish(), name="publish-member"),
+            asyncio.create_task(self._advertise(), name="advertise-version"),
             asyncio.create_task(self._lease_loop(), name="lease-expiry"),
             asyncio.create_task(self._progress_loop(), name="watch-progress"),
             asyncio.create_task(self.members.run(), name="member-changes"),
@@ -215,6 +216,40 @@ class Node:
             except ValueError as e:  # a joining node not yet in the table it replicates
                 log.info("publishing this member's client URLs deferred: %s", e)
                 await asyncio.sleep(1.0)
+
+    async def _advertise(self) -> None:
+        """Advertise, through the meta group, the newest command format this node
+        applies (the cluster-version gate: ``ClusterStateMachine.min_command_format``).
+
+        Again whenever another member's advertised format rises: a member restored
+        from a snapshot an older version wrote lost the advertisements made before it
+        (an older node refuses them and keeps nothing), and this one brings them back.
+        One round per upgrade: each node re-advertises once per rise it sees."""
+        rose = asyncio.Event()
+        seen: dict[int, int] = {}
+
+        def check() -> None:
+            for mid, m in self.cluster.members.items():
+                if mid != self.member_id and m.command_format > seen.get(mid, 1):
+                    rose.set()
+                seen[mid] = m.command_format
+
+        check()
+        rose.clear()
+        self.cluster.listeners.append(check)
+        cmd = ClusterStateMachine.encode_advertise(self.member_id, COMPACT_FORMAT)
+        while True:
+            try:
+                await self.host.propose(META_GROUP, cmd, timeout=2.0)
+            except GroupUnavailable:
+                await asyncio.sleep(self.config.tick_interval * 2)
+                continue
+            except ValueError as e:  # a joining node not yet in the table it replicates
+                log.info("advertising this member's version deferred: %s", e)
+                await asyncio.sleep(1.0)
+                continue
+            await rose.wait()
+            rose.clear()
 
     async def _lease_loop(self) -> None:
         """While leading shard 0 (the leases' home): checkpoint lease clocks, expire

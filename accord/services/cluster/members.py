@@ -18,6 +18,13 @@ is what the operator asked for (``member add --learner``); a member added as a v
 first replicates as a Raft learner in every group and is promoted once caught up.
 Removed ids are kept (``removed``) as etcd does: a removed member cannot come back
 under the same id, and leaders know to take it out of their groups.
+
+Versions: each member *advertises* the newest command format it can apply
+(``advertise``; a member that never did, an older node, counts as format 1).
+:meth:`ClusterStateMachine.min_command_format` is what every member can apply, so a
+proposer uses a newer format only once every member supports it (the cluster-version
+gate, ``docs/operations.md``). An older node applying ``advertise`` refuses it as an
+unknown command, which changes nothing there.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ class MemberRecord:
     peer_urls: tuple[str, ...]
     client_urls: tuple[str, ...] = ()
     is_learner: bool = False
+    command_format: int = 1
+    """The newest command format the member advertised it applies (1: never said)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,15 @@ class ClusterStateMachine:
         return bytes(msgpack.packb(["publish", member_id, name, list(client_urls)]))
 
     @staticmethod
+    def encode_advertise(member_id: int, command_format: int) -> bytes:
+        """Command: ``member_id`` applies commands of formats up to ``command_format``."""
+        return bytes(msgpack.packb(["advertise", member_id, command_format]))
+
+    def min_command_format(self) -> int:
+        """The newest command format every member applies (1 with no member)."""
+        return min((m.command_format for m in self.members.values()), default=1)
+
+    @staticmethod
     def encode_add(member_id: int, peer_urls: list[str], is_learner: bool) -> bytes:
         """Command: add a member (no name until it publishes, as in etcd)."""
         return bytes(msgpack.packb(["add", member_id, list(peer_urls), is_learner]))
@@ -118,6 +136,15 @@ class ClusterStateMachine:
         rec.client_urls = tuple(client_urls)
         if not rec.name:
             rec.name = name
+        return rec
+
+    def _advertise(self, index: int, member_id: int, command_format: int) -> MemberRecord:
+        rec = self.members.get(member_id)
+        if rec is None:
+            raise ValueError(f"member {member_id:x} is not part of this cluster")
+        if not isinstance(command_format, int) or command_format < 1:
+            raise ValueError(f"command format {command_format!r} must be an integer >= 1")
+        rec.command_format = command_format
         return rec
 
     def _add(self, index: int, member_id: int, peer_urls: list[str],
@@ -167,7 +194,8 @@ class ClusterStateMachine:
         return rec
 
     _handlers: dict[str, Callable[..., object]] = {
-        "publish": _publish, "add": _add, "remove": _remove, "update": _update,
+        "publish": _publish, "advertise": _advertise, "add": _add, "remove": _remove,
+        "update": _update,
         "promote": _promote,
     }
 
@@ -182,7 +210,8 @@ class ClusterStateMachine:
 
     def prepare_snapshot(self) -> Callable[[], bytes]:
         """Capture the table now; the function returned encodes it (anywhere)."""
-        rows = [[m.id, m.name, list(m.peer_urls), list(m.client_urls), m.is_learner]
+        rows = [[m.id, m.name, list(m.peer_urls), list(m.client_urls), m.is_learner,
+                 m.command_format]
                 for m in sorted(self.members.values(), key=lambda m: m.id)]
         shards = [[p.shard, p.group, list(p.replicas)] for p in self.shard_map]
         removed = sorted([i, at] for i, at in self.removed.items())
@@ -195,7 +224,8 @@ class ClusterStateMachine:
         if not isinstance(image, dict):
             raise ValueError("malformed meta snapshot: expected a map of members and shards")
         self.members = {
-            r[0]: MemberRecord(r[0], r[1], tuple(r[2]), tuple(r[3]), bool(r[4]))
+            r[0]: MemberRecord(r[0], r[1], tuple(r[2]), tuple(r[3]), bool(r[4]),
+                               int(r[5]) if len(r) > 5 else 1)
             for r in image["members"]
         }
         self.shard_map = [ShardPlacement(s, g, tuple(r)) for s, g, r in image["shards"]]

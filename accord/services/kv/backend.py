@@ -361,10 +361,19 @@ class StateMachineBackend(ABC):
         parts = [self.machines[s].range(sub) for s in shards]
         return fanout.merge_ranges(req, parts, rev, self.sm.limits)
 
+    @property
+    def compact_commands(self) -> bool:
+        """Whether every member applies format-2 (compact) commands, so a proposer may
+        send them; a replicated backend says so once every member advertised it."""
+        return True
+
     async def put(self, req: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
         """Validate, encode and commit a Put on its key's shard."""
         self._check_space()
-        command = self.sm.validate_and_encode_put(req)
+        if self.compact_commands:
+            command = self.sm.validate_and_encode_put(req)
+        else:
+            command = self.sm.validate_and_encode_put_v1(req)
         result: rpc_pb2.PutResponse = await self.commit(command, self.shard_of(req.key))
         return result
 
@@ -383,7 +392,8 @@ class StateMachineBackend(ABC):
         """Validate, then serve a read-only Txn as a read, or encode and commit it.
 
         A Txn whose keys lie on several shards is refused (it could not be atomic)."""
-        items = self.sm.plain_puts(req)
+        compact = self.compact_commands
+        items = self.sm.plain_puts(req) if compact else None
         if items is not None:
             return await self._txn_puts(req, items)
         self.sm.validate_txn(req)
@@ -401,7 +411,8 @@ class StateMachineBackend(ABC):
             return sm.read_txn(req)
         if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
             self._check_space()
-        result: rpc_pb2.TxnResponse = await self.commit(self.sm.encode_txn(req), shard)
+        result: rpc_pb2.TxnResponse = await self.commit(
+            self.sm.encode_txn(req, compact=compact), shard)
         return result
 
     async def _txn_puts(self, req: rpc_pb2.TxnRequest, items: list[Any]) -> rpc_pb2.TxnResponse:

@@ -106,15 +106,23 @@ class KVStateMachine:
         validate.check_size(size, self.limits)
         return _put_command(0, size, key, value, lease, req.prev_kv, ignore_value, ignore_lease)
 
+    def validate_and_encode_put_v1(self, req: rpc_pb2.PutRequest) -> bytes:
+        """:meth:`validate_put` then the format-1 Put command (the serialized request),
+        which every accord version applies: what a proposer sends while some member
+        cannot apply format 2 (``Backend.compact_commands``)."""
+        self.validate_put(req)
+        return encode(Kind.PUT, req.SerializeToString())
+
     @staticmethod
     def encode_delete_range(req: rpc_pb2.DeleteRangeRequest, *, min_revision: int = 0) -> bytes:
         """A DeleteRange command."""
         return encode(Kind.DELETE_RANGE, req.SerializeToString(), min_revision=min_revision)
 
     @staticmethod
-    def encode_txn(req: rpc_pb2.TxnRequest, *, min_revision: int = 0) -> bytes:
-        """A Txn command (the compact form when its ops are only plain puts)."""
-        items = KVStateMachine.plain_puts(req)
+    def encode_txn(req: rpc_pb2.TxnRequest, *, min_revision: int = 0, compact: bool = True) -> bytes:
+        """A Txn command (the compact form when its ops are only plain puts, unless
+        ``compact`` is False: then always format 1)."""
+        items = KVStateMachine.plain_puts(req) if compact else None
         if items is not None:
             return KVStateMachine.encode_puts(items, req.ByteSize(), min_revision=min_revision)
         return encode(Kind.TXN, req.SerializeToString(), min_revision=min_revision)
