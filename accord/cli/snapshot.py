@@ -1,7 +1,7 @@
 """`accord snapshot save|status|restore`: back a cluster up, look at a backup, restore it.
 
 * ``save FILE`` streams a member's backup (``Maintenance.Snapshot``, from the first of
-  ``--endpoints`` that answers) to ``FILE.part`` with a progress bar on a terminal,
+  ``--endpoints`` that answers; TLS with ``--cacert/--cert/--key`` as etcdctl) to ``FILE.part`` with a progress bar on a terminal,
   checks it (SHA-256, pages, format) and only then renames it to ``FILE``: a file named
   ``FILE`` is always a whole, checked backup;
 * ``status FILE`` checks a backup (accord's or etcd's) and prints its revision, keys,
@@ -74,7 +74,7 @@ def _save(args: argparse.Namespace) -> int:
     part = dest.with_name(dest.name + ".part")
     progress = sys.stderr if sys.stderr.isatty() and not args.quiet else None
     try:
-        common.first(common.endpoints(args.endpoints),
+        common.first(common.from_args(args),
                      lambda ch: _stream(ch, part, args.timeout, progress))
         snap = snapfile.decode(part.read_bytes())
     except grpc.RpcError as e:
@@ -131,7 +131,7 @@ def main(argv: Sequence[str]) -> int:
     sub = p.add_subparsers(dest="op", required=True)
     save = sub.add_parser("save", help="stream a member's backup to FILE")
     save.add_argument("file")
-    save.add_argument("--endpoints", help="comma-separated client endpoints")
+    common.add_arguments(save)
     save.add_argument("--timeout", type=float, default=SAVE_TIMEOUT,
                       help=f"seconds the whole save may take (default {SAVE_TIMEOUT:.0f})")
     save.add_argument("--quiet", action="store_true", help="no progress bar")
