@@ -37,7 +37,8 @@ HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
 
 
-def _free_ports(n: int) -> list[int]:
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct 127.0.0.1 ports that were free a moment ago."""
     socks = []
     try:
         for _ in range(n):
@@ -152,7 +153,7 @@ class TestCluster:
 
 def _configs(n: int, root: Path, shards: int, heartbeat_ms: int, election_ms: int,
              extra: Sequence[str]) -> list[Config]:
-    ports = _free_ports(2 * n)
+    ports = free_ports(2 * n)
     names = [f"n{i + 1}" for i in range(n)]
     initial = ",".join(f"{name}=http://{HOST}:{ports[2 * i + 1]}" for i, name in enumerate(names))
     return [load_config([

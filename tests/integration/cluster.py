@@ -27,22 +27,7 @@ import grpc
 from accord.client.tls import TLSOptions, sync_channel
 from accord.node.certs import CertFiles, CertificateAuthority, make_cluster_pki
 from accord.proto import rpc_pb2, rpc_pb2_grpc
-
-HOST = "127.0.0.1"
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports that were free a moment ago."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+from accord.testing.cluster import HOST, free_ports
 
 
 @dataclass
