@@ -1,7 +1,7 @@
 """pytest plugin (entry point ``pytest11``: ``accord``): the ``accord_cluster`` fixture.
 
 ``accord_cluster`` is a running three-node in-process cluster
-(:func:`accord.testing.cluster.cluster`) for one test, stopped and deleted after it::
+(:func:`accord.testing.cluster`) for one test, stopped and deleted after it::
 
     async def test_config_survives_a_crash(accord_cluster) -> None:
         client = accord_cluster.client()
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from accord.testing.cluster import TestCluster
+    from accord.testing import TestCluster
 
 try:
     import pytest_asyncio
@@ -34,7 +34,7 @@ except ImportError:  # another asyncio plugin may run async fixtures
 @_fixture  # type: ignore[untyped-decorator]
 async def accord_cluster(tmp_path: Any) -> AsyncIterator[TestCluster]:
     """A three-node accord cluster in this test's event loop, data under ``tmp_path``."""
-    from accord.testing.cluster import cluster
+    from accord.testing import cluster
 
     async with cluster(nodes=3, data_dir=tmp_path / "accord") as c:
         yield c

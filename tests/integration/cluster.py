@@ -27,7 +27,7 @@ import grpc
 from accord.client.tls import TLSOptions, sync_channel
 from accord.node.certs import CertFiles, CertificateAuthority, make_cluster_pki
 from accord.proto import rpc_pb2, rpc_pb2_grpc
-from accord.testing.cluster import HOST, free_ports
+from accord.testing import HOST, free_ports
 
 
 @dataclass

@@ -6,12 +6,13 @@ import asyncio
 
 import pytest
 
+import accord.testing
 from accord.proto import rpc_pb2
-from accord.testing.cluster import TestCluster, cluster
+from accord.testing import TestCluster, cluster
 
 
 async def test_a_killed_leader_is_replaced_and_catches_up_after_restart() -> None:
-    async with cluster(nodes=3) as c:
+    async with accord.testing.cluster(nodes=3) as c:  # as the README writes it
         assert len(c.endpoints) == 3 and len(set(c.endpoints)) == 3
         client = c.client()
         await client.put("/cfg/a", "1")

@@ -21,7 +21,7 @@ from accord.proto import rpc_pb2
 from accord.services.cluster.members import ClusterStateMachine, MemberRecord
 from accord.services.kv import codec
 from accord.services.kv.statemachine import COMPACT_FORMAT
-from accord.testing.cluster import TestCluster, cluster
+from accord.testing import TestCluster, cluster
 
 
 async def _until(pred: Any, timeout: float = 20.0) -> None:
