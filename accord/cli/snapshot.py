@@ -113,7 +113,7 @@ def _restore(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args, os.environ)
         snap = snapfile.decode(Path(args.file).read_bytes(), skip_hash_check=args.skip_hash_check)
-        done = restore_data_dir(snap, cfg)
+        done = restore_data_dir(snap, cfg, shards_given=hasattr(args, "shards"))
     except (OSError, ConfigError, snapfile.SnapshotFileError, ValueError) as e:
         print(f"accord snapshot restore: {e}", file=sys.stderr)
         return 1

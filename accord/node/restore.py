@@ -62,7 +62,8 @@ class Restored:
     groups: tuple[int, ...]
 
 
-def _group_images(snap: SnapshotFile, cfg: Config) -> tuple[int, dict[int, bytes]]:
+def _group_images(snap: SnapshotFile, cfg: Config,
+                  shards_given: bool) -> tuple[int, dict[int, bytes]]:
     """``(shards, group id -> image)`` of the new member, the meta group's excepted."""
     if snap.origin == "etcd":
         shards = cfg.shards
@@ -71,6 +72,9 @@ def _group_images(snap: SnapshotFile, cfg: Config) -> tuple[int, dict[int, bytes
         kv = [KVStateMachine.image_for_new_cluster(img, now_ms()) for img in kv]
         return shards, {kv_group(i): img for i, img in enumerate(kv)}
     shards = len(snap.kv_groups)
+    if shards_given and cfg.shards != shards:
+        raise ConfigError(f"--shards {cfg.shards}: this backup holds {shards} shards, and a "
+                          f"restore keeps them (leave --shards out, or pass {shards})")
     expected = tuple(kv_group(i) for i in range(shards))
     if snap.kv_groups != expected:
         raise ConfigError(f"the backup's KV groups {list(snap.kv_groups)} are not a node's "
@@ -82,9 +86,10 @@ def _group_images(snap: SnapshotFile, cfg: Config) -> tuple[int, dict[int, bytes
     return shards, images
 
 
-def restore_data_dir(snap: SnapshotFile, cfg: Config) -> Restored:
+def restore_data_dir(snap: SnapshotFile, cfg: Config, *, shards_given: bool = False) -> Restored:
     """Build ``cfg.data_dir`` for member ``cfg.name`` of the cluster ``cfg`` describes
-    from ``snap`` (see the module docstring). Blocking file I/O."""
+    from ``snap`` (see the module docstring); ``shards_given``: ``cfg.shards`` was asked
+    for (an accord backup then must hold that many). Blocking file I/O."""
     cfg = cfg.resolved()
     if cfg.joining:
         raise ConfigError("a restore starts a new cluster: --initial-cluster-state must be "
@@ -97,7 +102,7 @@ def restore_data_dir(snap: SnapshotFile, cfg: Config) -> Restored:
     if data_dir.exists() and any(data_dir.iterdir()):
         raise ConfigError(f"data directory {data_dir} exists and is not empty: a restore "
                           "builds a new member; point --data-dir at a new directory")
-    shards, images = _group_images(snap, cfg)
+    shards, images = _group_images(snap, cfg, shards_given)
     images[META_GROUP] = initial_table(cfg, shards).prepare_snapshot()()
     voters = tuple(sorted(cfg.member_ids().values()))
     meta = SnapshotMeta(RESTORE_INDEX, RESTORE_TERM, ConfState(voters=voters))

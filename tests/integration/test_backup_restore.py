@@ -120,6 +120,10 @@ def test_a_cluster_killed_and_wiped_comes_back_from_one_backup(tmp_path: Path) -
                      "--data-dir", str(node.data_dir), "--initial-cluster", new.initial)
         assert out.returncode == 0, out.stderr
         assert "2 shards" in out.stdout
+    wrong = accord("snapshot", "restore", str(backup), "--name", "n1", "--shards", "4",
+                   "--data-dir", str(tmp_path / "other"), "--initial-cluster", new.initial)
+    assert wrong.returncode == 1 and "this backup holds 2 shards" in wrong.stderr
+    assert not (tmp_path / "other").exists()
     again = accord("snapshot", "restore", str(backup), "--name", "n1",
                    "--data-dir", str(new.nodes[0].data_dir), "--initial-cluster", new.initial)
     assert again.returncode == 1 and "exists and is not empty" in again.stderr
