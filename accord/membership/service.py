@@ -36,6 +36,7 @@ from .config import SwimConfig
 from .node import Membership, Subscription
 from .scheduler_link import ROLE_GPU_AGENT, SchedulerLike, SchedulerLink
 from .state import Address, Member, MemberEvent, MemberState, validate_meta
+from .stats import ProtocolStats
 
 __all__ = ["ROLE_ACCORD", "ROLE_GPU_AGENT", "MembershipDisabled", "NodeMembership", "daemon_meta"]
 
@@ -182,6 +183,10 @@ class NodeMembership:
         self._require()
         return sorted((m for m in self._view.values()
                        if role is None or m.meta.get("role") == role), key=lambda m: m.name)
+
+    def protocol_stats(self) -> ProtocolStats | None:
+        """SWIM's counters (probes, suspicions, ...), or None when not running."""
+        return self._membership.stats if self._membership is not None else None
 
     def swim_members(self) -> list[Member]:
         """What SWIM itself knows now (dead ones only until reaped)."""

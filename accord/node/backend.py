@@ -196,7 +196,7 @@ class ReplicatedBackend(StateMachineBackend):
     # --- maintenance ---------------------------------------------------------------------
     async def status(self) -> StatusInfo:
         g = self._group
-        size = await self._db_size()
+        size = await self.db_size()
         return StatusInfo(
             version=ETCD_COMPAT_VERSION,
             db_size=size,
@@ -209,7 +209,7 @@ class ReplicatedBackend(StateMachineBackend):
             is_learner=self.node.member_id in g.core.conf_state.learners,
         )
 
-    async def _db_size(self) -> int:
+    async def db_size(self) -> int:
         """Bytes this member keeps on disk (log segments and snapshots), like etcd's dbSize.
 
         A stat of the data directory's files, off the loop: clients such as Kubernetes

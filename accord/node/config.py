@@ -77,6 +77,9 @@ _WILDCARDS = ("0.0.0.0", "::", "")
 GOSSIP_PORT_OFFSET = 1000
 """Default SWIM port = peer port + this (see ``Config.gossip_listen_address``)."""
 GOSSIP_PROFILES = ("lan", "wan", "local")
+METRICS_PORT_OFFSET = 1000
+"""Default metrics port = the first client port + this (see ``Config.metrics_listen_addresses``)."""
+LOG_FORMATS = ("json", "console")
 
 
 class ConfigError(ValueError):
@@ -140,8 +143,12 @@ class Config:
                                            "receives 60 percent or more of them, sparing its clients "
                                            "a forwarding hop (0: never).")
     log_level: str = _opt("info", "Log level: debug, info, warn, error.")
+    log_format: str = _opt("", "Log lines as 'json' (one object per line) or 'console' "
+                               "(default: console on a terminal, json otherwise).")
     listen_metrics_urls: list[str] = field(
-        default_factory=list, metadata=_meta("Extra URLs serving /metrics and /health (default: none)."))
+        default_factory=list,
+        metadata=_meta("URLs serving /metrics, /health, /livez and /readyz over HTTP, or 'off' "
+                       "(default: the first client URL's host at its port + 1000)."))
     lease_read: bool = _opt(False, "Serve linearizable reads from a leader lease instead of a "
                                    "ReadIndex round (needs a clock-drift bound).")
     max_clock_drift: int = _opt(50, "Bound on clock-rate drift between members in ms, "
@@ -337,6 +344,29 @@ class Config:
                     break
         return problems
 
+    # -- the metrics listener ---------------------------------------------------
+    # etcd serves /metrics on its client port too; accord's client port speaks only
+    # gRPC, so the default listener sits METRICS_PORT_OFFSET above it: 2379 -> 3379,
+    # and for `accord dev` node I base+2(I-1)+1000, which never meets a gossip port
+    # (peer port + 1000 = an odd offset from it).
+
+    @property
+    def metrics_enabled(self) -> bool:
+        """False when ``--listen-metrics-urls off``."""
+        return [u.strip().lower() for u in self.listen_metrics_urls] != ["off"]
+
+    def metrics_listen_addresses(self) -> list[tuple[str, int]]:
+        """(host, port) for each metrics URL; the default when none is given; [] when off."""
+        if not self.metrics_enabled:
+            return []
+        if self.listen_metrics_urls:
+            return [parse_url(u, "listen-metrics-urls") for u in self.listen_metrics_urls]
+        host, port = parse_url(self.listen_client_urls[0], "listen-client-urls")
+        if port + METRICS_PORT_OFFSET > 65535:
+            raise ConfigError(f"listen-client-urls: the default metrics port {port} + "
+                              f"{METRICS_PORT_OFFSET} is above 65535; set --listen-metrics-urls")
+        return [(host, port + METRICS_PORT_OFFSET)]
+
     def client_listen_addresses(self) -> list[tuple[str, int]]:
         """(host, port) of every ``--listen-client-urls`` entry."""
         return [parse_url(u, "listen-client-urls") for u in self.listen_client_urls]
@@ -373,6 +403,10 @@ class Config:
         for key in ("listen_client_urls", "advertise_client_urls", "listen_peer_urls",
                     "initial_advertise_peer_urls", "listen_metrics_urls"):
             urls: list[str] = getattr(self, key)
+            if key == "listen_metrics_urls" and any(u.strip().lower() == "off" for u in urls):
+                if len(urls) > 1:
+                    p("listen-metrics-urls: 'off' cannot be combined with URLs")
+                continue
             flag = key.replace("_", "-")
             if not urls and key != "listen_metrics_urls":
                 p(f"{flag} must list at least one URL")
@@ -429,6 +463,13 @@ class Config:
             p(f"snapshot-count {self.snapshot_count}: must be >= 1")
         if self.log_level not in LOG_LEVELS:
             p(f"log-level {self.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in ("", *LOG_FORMATS):
+            p(f"log-format {self.log_format!r}: use json or console")
+        if self.metrics_enabled and not self.listen_metrics_urls:
+            try:
+                self.metrics_listen_addresses()
+            except ConfigError as e:
+                p(str(e))
         if self.max_clock_drift < 0:
             p(f"max-clock-drift {self.max_clock_drift} ms: must be >= 0")
         if self.lease_read and not 0 < self.max_clock_drift < self.election_timeout // 2:

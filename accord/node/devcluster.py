@@ -4,8 +4,10 @@ Starts ``--nodes`` (default 3) ``accord serve`` subprocesses. Member ``nI`` (I f
 serves clients on ``base+2(I-1)`` and peers on ``base+2(I-1)+1``, so with the default
 base 2379 the first node has etcd's usual ports (2379/2380), the second 2381/2382,
 and so on; SWIM membership runs on each peer port + 1000 (3380, 3382, ...) with the
-``local`` gossip profile (detection within seconds on one host). Each keeps its data in ``<data-dir>/nI`` and its output in
-``<data-dir>/nI.log`` (also shown on the terminal, prefixed ``[nI]``, unless
+``local`` gossip profile (detection within seconds on one host), and each node serves
+``/metrics``, ``/health``, ``/livez`` and ``/readyz`` on its client port + 1000 (3379,
+3381, ...). Logs are in the ``console`` format (``-- --log-format json`` for JSON).
+Each keeps its data in ``<data-dir>/nI`` and its output in ``<data-dir>/nI.log`` (also shown on the terminal, prefixed ``[nI]``, unless
 ``--quiet``). Once every client port answers, the endpoints and an ``etcdctl``
 example are printed. Ctrl-C (SIGINT) or SIGTERM stops the cluster: each child gets
 SIGTERM by PID, stragglers get SIGKILL after ``--stop-timeout`` seconds.
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import TextIO
 
 from accord.node.certs import CertFiles, make_cluster_pki
-from accord.node.config import GOSSIP_PORT_OFFSET
+from accord.node.config import GOSSIP_PORT_OFFSET, METRICS_PORT_OFFSET
 
 HOST = "127.0.0.1"
 
@@ -66,6 +68,10 @@ class _Node:
     @property
     def gossip_port(self) -> int:
         return self.peer_port + GOSSIP_PORT_OFFSET
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HOST}:{self.client_port + METRICS_PORT_OFFSET}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,7 +118,9 @@ def main(argv: Sequence[str]) -> int:
     root = Path(args.data_dir)
     nodes = [_Node(f"n{i + 1}", args.base_port + 2 * i, args.base_port + 2 * i + 1, root / f"n{i + 1}")
              for i in range(args.nodes)]
-    busy = [p for n in nodes for p in (n.client_port, n.peer_port, n.gossip_port) if _port_in_use(p)]
+    busy = [p for n in nodes
+            for p in (n.client_port, n.peer_port, n.gossip_port, n.client_port + METRICS_PORT_OFFSET)
+            if _port_in_use(p)]
     if busy:
         print(f"accord dev: port(s) {', '.join(map(str, busy))} on {HOST} are in use "
               "(another cluster running?); stop it or pick another --base-port", file=sys.stderr)
@@ -148,6 +156,7 @@ def _serve_argv(args: argparse.Namespace, node: _Node, cluster: str, extra: list
             "--listen-peer-urls", node.peer_url, "--initial-advertise-peer-urls", node.peer_url,
             "--initial-cluster", cluster, "--initial-cluster-state", "new",
             "--initial-cluster-token", args.cluster_token, "--gossip-profile", "local",
+            "--listen-metrics-urls", node.metrics_url, "--log-format", "console",
             *_tls_argv(node), *extra]
 
 
@@ -283,7 +292,7 @@ async def _run(args: argparse.Namespace, extra: list[str], root: Path, nodes: li
         endpoints = ",".join(n.client_url for n in nodes)
         lines = [f"accord dev: {len(nodes)} node(s) up; data and logs in {root}"]
         lines += [f"  {n.name}  client {n.client_url}  peer {n.peer_url}  gossip {HOST}:{n.gossip_port}"
-                  f"  log {root / (n.name + '.log')}" for n in nodes]
+                  f"  metrics {n.metrics_url}/metrics  log {root / (n.name + '.log')}" for n in nodes]
         tls = f" {client_tls_flags(root)}" if args.tls else ""
         lines += [f"client endpoints: {endpoints}",
                   f"try: etcdctl --endpoints={endpoints}{tls} put /hello world",

@@ -192,13 +192,18 @@ def build_server(
     options: ServerOptions | None = None,
     *,
     extra_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    outer_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> AccordGrpcServer:
-    """A ``grpc.aio`` server serving the etcd v3 API from ``backend``, plus health and reflection."""
+    """A ``grpc.aio`` server serving the etcd v3 API from ``backend``, plus health and reflection.
+
+    ``outer_interceptors`` run before etcd's metadata handling (the metrics interceptor,
+    which must see the calls it refuses), ``extra_interceptors`` after it."""
     opts = options or ServerOptions()
     versions: Counter[str] = Counter()
     server = grpc.aio.server(
         options=opts.channel_args(),
-        interceptors=[MetadataInterceptor(backend, versions), *extra_interceptors],
+        interceptors=[*outer_interceptors, MetadataInterceptor(backend, versions),
+                      *extra_interceptors],
     )
     watch = WatchServicer(backend, max_response_bytes=opts.max_request_bytes)
     servicers: dict[str, object] = {

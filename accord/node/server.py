@@ -43,10 +43,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from accord.node import logs
 from accord.node.backend import KV_GROUP, ReplicatedBackend, kv_group
 from accord.node.config import Config, ConfigError, load_config
-from accord.node.grpc_server import AccordGrpcServer, ServerOptions, build_server
+from accord.node.grpc_server import ETCD_SERVICES, AccordGrpcServer, ServerOptions, build_server
+from accord.node.grpcmetrics import GrpcCollector, GrpcMetricsInterceptor
+from accord.node.health import HealthChecks, HealthMonitor
+from accord.node.httpserve import MetricsServer
 from accord.node.members import META_GROUP, MemberChanges, add_debug_service
+from accord.node.metrics import NodeMetrics
+from accord.node.peerprobe import PeerProber
 from accord.node.tls import ReloadingTLS, client_files, peer_files
 from accord.raft.core.types import Role
 from accord.raft.host.balance import plan_moves
@@ -107,6 +113,12 @@ class Node:
         self.grpc: AccordGrpcServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.client_ports: list[int] = []
+        self.metrics = NodeMetrics(self.member_id)
+        """This node's Prometheus registry and the counts behind it (``metrics.py``)."""
+        self.http: MetricsServer | None = None
+        """The metrics listener (``--listen-metrics-urls``), once started."""
+        self._health: HealthMonitor | None = None
+        self._prober: PeerProber | None = None
 
     async def start(self) -> None:
         """Open storage, join the peers, start the groups and serve clients."""
@@ -161,6 +173,7 @@ class Node:
         self.scheduling = SchedulerShard.on_host(self.host, self.member_id)
         self.host.add_group(SCHEDULING_GROUP, self.scheduling, recovered.get(SCHEDULING_GROUP),
                             voters=voters)
+        self.metrics.watch_groups(self.host)  # before the first election
         peers = cfg.peer_candidates() if self.joined else cfg.peer_addresses()
         for nid, addr in peers.items():
             self.members.note_peer(nid, addr)
@@ -168,11 +181,19 @@ class Node:
         await self.transport.start()
         await self.host.start()
         self.backend = ReplicatedBackend(self, self.machines)
-        self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes))
+        calls = GrpcMetricsInterceptor()
+        self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes),
+                                 outer_interceptors=[calls])
         for url, (h, p) in zip(cfg.listen_client_urls, cfg.client_listen_addresses(), strict=True):
             creds = (self.client_tls.grpc_credentials()
                      if self.client_tls is not None and cfg.client_url_is_tls(url) else None)
             self.client_ports.append(self.grpc.add_port(f"{h}:{p}", creds))
+        versions = self.grpc.client_api_versions
+        self.metrics.attach(self, GrpcCollector(calls, lambda: dict(versions)))
+        checks = HealthChecks(self)
+        if cfg.metrics_enabled:
+            self.http = MetricsServer(self.metrics, checks)
+            await self.http.start(cfg.metrics_listen_addresses())
         add_scheduler_service(self.grpc.server, self.scheduling)
         add_debug_service(self.grpc.server, self)
         from accord.membership.servicer import add_membership_service
@@ -181,6 +202,11 @@ class Node:
         add_membership_service(self.grpc.server, self.membership)
         await self.membership.start()  # SWIM (off with --gossip-listen off)
         await self.grpc.start()
+        self._health = HealthMonitor(checks, self.grpc, ("", *(f"etcdserverpb.{s}" for s in ETCD_SERVICES)))
+        self._health.start()
+        self._prober = PeerProber(self.member_id, lambda: self.cluster.members,
+                                  self.metrics.peer_rtt, self.metrics.peer_probe_failures)
+        self._prober.start()
         self._tasks = [
             asyncio.create_task(self._publish(), name="publish-member"),
             asyncio.create_task(self._advertise(), name="advertise-version"),
@@ -298,8 +324,10 @@ class Node:
             )
             for gid, target in moves:
                 if self.transport.connected(target):
-                    log.info("moving leadership of group %d to node %x", gid, target)
+                    log.info("moving leadership of group %d to node %x", gid, target,
+                             extra={"group": gid})
                     self.host.transfer_leader(gid, target)
+                    self.metrics.leader_moves += 1
 
     async def _progress_loop(self) -> None:
         while True:
@@ -312,6 +340,10 @@ class Node:
         ``accord.testing`` to kill an in-process node)."""
         if graceful:
             await self._transfer_leaderships()
+        if self._health is not None:
+            await self._health.stop()  # readiness says no from now on
+        if self._prober is not None:
+            await self._prober.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -320,6 +352,9 @@ class Node:
         if self.grpc is not None:
             with contextlib.suppress(Exception):
                 await self.grpc.stop(0.5)
+        if self.http is not None:
+            await self.http.stop()
+        self.metrics.detach()
         if getattr(self, "membership", None) is not None:
             await self.membership.stop()  # a graceful SWIM leave
         await self.host.stop()
@@ -417,6 +452,12 @@ def check_shard_count(data_dir: Path, shards: int) -> int:
     return shards
 
 
+def _secrets(config: Config) -> list[str]:
+    """Values of ``config`` that must never appear in a log line (the gossip keys)."""
+    keys = [k.strip() for k in config.gossip_key.split(",") if k.strip()]
+    return [config.gossip_key.strip(), *keys, *(k.lower() for k in keys), *(k.upper() for k in keys)]
+
+
 GC_THRESHOLDS = (10_000, 20, 10)
 """The collector's thresholds in a serving node (CPython's default: 700, 10, 10)."""
 
@@ -437,14 +478,21 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def serve(config: Config) -> int:
+async def serve(config: Config, log_context: logs.LogContext | None = None) -> int:
     """Run a node until SIGTERM/SIGINT or a fatal storage error."""
     node = Node(config)
+    if log_context is not None:
+        log_context.set_node(node.config.name, node.member_id)
     await node.start()
     tune_gc()
     cfg = node.config
+    metrics = ""
+    if node.http is not None:
+        hosts = [h for h, _ in cfg.metrics_listen_addresses()]
+        metrics = "; metrics on " + ", ".join(
+            f"http://{h}:{p}/metrics" for h, p in zip(hosts, node.http.ports, strict=False))
     print(f"accord node {cfg.name} (id {node.member_id:x}) serving clients on "
-          + ", ".join(cfg.advertise_client_urls), flush=True)
+          + ", ".join(cfg.advertise_client_urls) + metrics, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -475,10 +523,8 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as e:
         print(f"accord serve: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper().replace("WARN", "WARNING").replace("WARNINGING", "WARNING"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    ctx = logs.configure(config.log_format or logs.default_format(sys.stderr), config.log_level)
+    ctx.redact(_secrets(config))
     try:
         import uvloop
 
@@ -486,7 +532,7 @@ def main(argv: Sequence[str]) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         runner = asyncio.run
     try:
-        return int(runner(serve(config)))
+        return int(runner(serve(config, ctx)))
     except ConfigError as e:
         print(f"accord serve: {e}", file=sys.stderr)
         return 2

@@ -361,6 +361,11 @@ class MultiRaftHost:
         """Replicate ``payload`` in the group and return the state machine's answer."""
         return await self.proposer.propose(group_id, payload, timeout)
 
+    @property
+    def proposals_failed(self) -> int:
+        """Proposals of this node that failed with ``GroupUnavailable`` (metrics)."""
+        return self.proposer.failed
+
     async def propose_conf_change(
         self, group_id: int, cc: ConfChange, timeout: float | None = None
     ) -> ConfState:

@@ -79,6 +79,8 @@ class Proposer:
         result."""
         self.refusals: dict[tuple[int, int], int] = {}
         """(group, sequence) of our proposals a leader refused -> how many times."""
+        self.failed = 0
+        """Proposals that failed with ``GroupUnavailable`` (metrics)."""
 
     # ------------------------------------------------------------------ proposals
     async def propose(self, group_id: int, payload: bytes, timeout: float | None = None) -> object:
@@ -109,6 +111,9 @@ class Proposer:
                 if timeout is not None:
                     timeout = max(0.0, timeout - (self._loop.time() - start))
             return await self._waits.wait(fut, timeout)
+        except GroupUnavailable:
+            self.failed += 1
+            raise
         finally:
             g.proposals.pop(seq, None)
             if self.refusals:

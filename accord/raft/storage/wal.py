@@ -109,7 +109,8 @@ import fcntl
 import os
 import queue
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -317,6 +318,9 @@ class WriteAheadLog:
         self.segment_bytes = segment_bytes
         self.sync = sync
         self.stats = WALStats()
+        self.on_fsync: Callable[[float], None] | None = None
+        """Called in the writer thread with the seconds each batch's fdatasync took
+        (the node's fsync-latency histogram); None: not timed."""
         self._sync_file = os.fdatasync
         self._mu = threading.Lock()
         self._pending: list[_Item] = []
@@ -629,7 +633,13 @@ class WriteAheadLog:
             stats.records += len(frames)
             stats.batches += len(work)
             if self.sync:
-                self._sync_file(self._fd)
+                timed = self.on_fsync
+                if timed is None:
+                    self._sync_file(self._fd)
+                else:
+                    began = time.perf_counter()
+                    self._sync_file(self._fd)
+                    timed(time.perf_counter() - began)
                 stats.fsyncs += 1
         else:
             self.stats.batches += len(work)

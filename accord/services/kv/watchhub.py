@@ -248,9 +248,16 @@ class WatchHub:
         self._next_id = 0
         self._watchers: dict[int, Watcher] = {}
         self._index: WatcherIndex[Watcher] = WatcherIndex()
+        self.slow_cancels = 0
+        """Watchers cancelled because their buffer overflowed (metrics)."""
 
     def __len__(self) -> int:
         return len(self._watchers)
+
+    @property
+    def unsynced(self) -> int:
+        """Watchers still replaying history (etcd's "slow watchers"); O(watchers)."""
+        return sum(1 for w in self._watchers.values() if not w.synced)
 
     def progress(self) -> int:
         """The current revision: every event up to it has been published."""
@@ -310,6 +317,7 @@ class WatchHub:
                     ev = shared[(i, w.prev_kv)] = event_pb(key, rec, prev, w.prev_kv)
                 events.append(ev)
             if w._queue and w._queued_events + len(events) > w.buffer_limit:
+                self.slow_cancels += 1
                 w._end(
                     WatchBatch(
                         rev,

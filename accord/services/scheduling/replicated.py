@@ -170,6 +170,11 @@ class SchedulerShard:
         """The registered nodes, idle: what ``fits_somewhere`` searches (rebuilt on change)."""
         self.cycles = 0
         """Scheduling cycles that committed something (for tests and metrics)."""
+        self.on_placed: Callable[[float], None] | None = None
+        """Leader only: called with each job's seconds from submission to its first
+        placement, once the placement committed (the node's latency histogram)."""
+        self.on_preempted: Callable[[int], None] | None = None
+        """Leader only: called with how many running jobs a committed cycle preempted."""
 
     @classmethod
     def on_host(cls, host: Any, member_id: int, config: ShardConfig | None = None,
@@ -389,9 +394,23 @@ class SchedulerShard:
         out = await self.service.run_cycle()
         if out["accepted"] or out["preempted"]:
             self.cycles += 1
+        self._report(out)
         if out["rejected"]:
             log.info("scheduling: stale decisions rejected: %s", out["rejected"])
         return out
+
+
+    def _report(self, out: dict[str, Any]) -> None:
+        """Tell the metrics hooks what a committed cycle did."""
+        placed, preempted = self.on_placed, self.on_preempted
+        if placed is not None and out["accepted"]:
+            now = self.clock()
+            for jid in out["accepted"]:
+                r = self.sm.jobs.get(jid)
+                if r is not None and r.starts == 1 and r.job.submit_time > 0:
+                    placed(now - r.job.submit_time)
+        if preempted is not None and out["preempted"]:
+            preempted(len(out["preempted"]))
 
 
 def local_shard(config: ShardConfig | None = None, clock: Callable[[], float] = time.time

@@ -1,0 +1,187 @@
+"""A real node in this process, scraped over HTTP: metrics, /health, /livez, /readyz, gRPC health.
+
+Two nodes run side by side in one test to show that each keeps its own registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from accord.node.config import Config
+from accord.node.server import Node
+from accord.proto import rpc_pb2, rpc_pb2_grpc
+from tests.integration.cluster import free_ports
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _config(root: Path, name: str) -> Config:
+    client, peer, metrics = free_ports(3)
+    return Config(
+        name=name, data_dir=str(root / name),
+        listen_client_urls=[f"http://127.0.0.1:{client}"],
+        listen_peer_urls=[f"http://127.0.0.1:{peer}"],
+        listen_metrics_urls=[f"http://127.0.0.1:{metrics}"],
+        gossip_listen="off", heartbeat_interval=50, election_timeout=500, shards=2,
+        leader_balance_interval=0,
+    )
+
+
+@contextlib.asynccontextmanager
+async def running(root: Path, name: str) -> AsyncIterator[Node]:
+    node = Node(_config(root, name))
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.stop()
+
+
+def base(node: Node) -> str:
+    assert node.http is not None
+    return f"http://127.0.0.1:{node.http.ports[0]}"
+
+
+async def get(url: str) -> tuple[int, str, dict[str, str]]:
+    async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(10)) as r:
+        return r.status, await r.text(), dict(r.headers)
+
+
+async def scrape(node: Node) -> Samples:
+    status, text, _ = await get(base(node) + "/metrics")
+    assert status == 200
+    out: Samples = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def until_led(node: Node, timeout: float = 20.0) -> Samples:
+    """Scrape until every group has a leader."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        s = await scrape(node)
+        if s[("etcd_server_has_leader", ())] == 1:
+            return s
+        assert loop.time() < deadline, "no leader in every group in time"
+        await asyncio.sleep(0.1)
+
+
+def channel(node: Node) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(f"127.0.0.1:{node.client_ports[0]}")
+
+
+def v(s: Samples, name: str, **labels: str) -> float:
+    return s[(name, tuple(sorted(labels.items())))]
+
+
+async def test_metrics_follow_the_node(tmp_path: Path) -> None:
+    async with running(tmp_path, "n1") as a, running(tmp_path, "m1") as b:
+        first = await until_led(a)
+        await until_led(b)
+        groups = sum(v(first, "accord_raft_groups", role=r)
+                     for r in ("leader", "follower", "candidate", "pre_candidate"))
+        assert groups == 4  # meta, scheduler, two KV shards
+        assert v(first, "etcd_server_is_leader") == 1
+        assert v(first, "etcd_server_leader_changes_seen_total") >= groups
+        async with channel(a) as ch:
+            kv = rpc_pb2_grpc.KVStub(ch)
+            for i in range(20):
+                await kv.Put(rpc_pb2.PutRequest(key=f"/m/k{i}".encode(), value=b"v"), timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await kv.Put(rpc_pb2.PutRequest(key=b""), timeout=10)  # etcd: key is not provided
+            lease = await rpc_pb2_grpc.LeaseStub(ch).LeaseGrant(
+                rpc_pb2.LeaseGrantRequest(TTL=60), timeout=10)
+            watch = rpc_pb2_grpc.WatchStub(ch).Watch()
+            await watch.write(rpc_pb2.WatchRequest(
+                create_request=rpc_pb2.WatchCreateRequest(key=b"/m/")))
+            await asyncio.wait_for(watch.read(), 10)  # created
+            after = await scrape(a)
+            other = await scrape(b)
+            watch.cancel()
+        assert lease.ID
+        put = {"grpc_service": "etcdserverpb.KV", "grpc_method": "Put", "grpc_type": "unary"}
+        assert v(after, "grpc_server_handled_total", **put, grpc_code="OK") == 20
+        assert v(after, "grpc_server_handled_total", **put, grpc_code="InvalidArgument") == 1
+        assert v(after, "grpc_server_handling_seconds_count", **put) == 21
+        assert v(after, "etcd_server_proposals_applied_total") >= \
+            v(first, "etcd_server_proposals_applied_total") + 20
+        assert v(after, "etcd_server_proposals_committed_total") >= \
+            v(after, "etcd_server_proposals_applied_total")
+        assert v(after, "etcd_disk_wal_fsync_duration_seconds_count") > \
+            v(first, "etcd_disk_wal_fsync_duration_seconds_count")
+        assert v(after, "etcd_debugging_mvcc_keys_total") == 20
+        assert v(after, "etcd_debugging_mvcc_watch_stream_total") == 1
+        assert v(after, "etcd_debugging_mvcc_watcher_total") == 1
+        assert v(after, "accord_leases") == 1
+        assert v(after, "etcd_mvcc_db_total_size_in_bytes") > 0
+        assert v(after, "etcd_server_quota_backend_bytes") == a.config.quota_backend_bytes
+        assert v(after, "accord_raft_groups_without_leader") == 0
+        assert ("process_resident_memory_bytes", ()) in after
+        # the other node in this process has its own registry: none of it happened there
+        assert v(other, "etcd_debugging_mvcc_keys_total") == 0
+        assert ("grpc_server_handled_total", tuple(sorted({**put, "grpc_code": "OK"}.items()))) \
+            not in other
+
+
+async def test_health_endpoints_and_grpc_health_agree(tmp_path: Path) -> None:
+    async with running(tmp_path, "n1") as node:
+        await until_led(node)
+        url = base(node)
+        assert (await get(url + "/health"))[:2] == (200, '{"health":"true","reason":""}')
+        assert (await get(url + "/health?serializable=true"))[:2] == (
+            200, '{"health":"true","reason":""}')
+        assert (await get(url + "/livez"))[:2] == (200, "ok\n")
+        status, text, _ = await get(url + "/readyz?verbose")
+        assert status == 200
+        assert text == ("[+]data_corruption ok\n[+]serializable_read ok\n"
+                        "[+]linearizable_read ok\nok\n")
+        assert (await get(url + "/readyz/linearizable_read"))[:2] == (200, "ok\n")
+        assert (await get(url + "/readyz/no_such_check"))[0] == 404
+        async with aiohttp.ClientSession() as s, s.post(url + "/health") as r:
+            assert r.status == 405 and r.headers["Allow"] == "GET"
+        async with channel(node) as ch:
+            health = health_pb2_grpc.HealthStub(ch)
+            maintenance = rpc_pb2_grpc.MaintenanceStub(ch)
+
+            async def grpc_status() -> int:
+                assert node._health is not None
+                await node._health.sync()
+                resp = await health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                return int(resp.status)
+
+            assert await grpc_status() == health_pb2.HealthCheckResponse.SERVING
+            alarm = rpc_pb2.AlarmRequest(action=rpc_pb2.AlarmRequest.ACTIVATE,
+                                         memberID=node.member_id, alarm=rpc_pb2.NOSPACE)
+            await maintenance.Alarm(alarm, timeout=10)
+            status, text, _ = await get(url + "/health")
+            assert (status, text) == (503, '{"health":"false","reason":"ALARM NOSPACE"}\n')
+            assert (await get(url + "/health?exclude=NOSPACE"))[0] == 200
+            assert (await get(url + "/readyz"))[0] == 200  # no space is not corruption
+            alarm.alarm = rpc_pb2.CORRUPT
+            await maintenance.Alarm(alarm, timeout=10)
+            status, text, _ = await get(url + "/readyz")
+            assert status == 503
+            assert "[-]data_corruption failed: alarm activated: CORRUPT\n" in text
+            assert await grpc_status() == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert (await get(url + "/livez"))[0] == 200  # alive, just not to be used
+            for kind in (rpc_pb2.CORRUPT, rpc_pb2.NOSPACE):
+                await maintenance.Alarm(rpc_pb2.AlarmRequest(
+                    action=rpc_pb2.AlarmRequest.DEACTIVATE, memberID=node.member_id, alarm=kind),
+                    timeout=10)
+            assert await grpc_status() == health_pb2.HealthCheckResponse.SERVING
+            assert (await get(url + "/readyz"))[0] == 200
+        s = await scrape(node)
+        assert v(s, "etcd_server_health_success") >= 3
+        assert v(s, "etcd_server_health_failures") == 1
