@@ -317,7 +317,7 @@ class MemberChanges:
             if v != self.node.member_id and pr is not None and pr.match > best_match:
                 best, best_match = v, pr.match
         if best and core.lead_transferee == 0:
-            log.info("group %d: handing leadership to %x before leaving", g.id, best)
+            log.info("group %d: handing leadership to %x before leaving", g.id, best, extra={"group": g.id})
             self.node.host.transfer_leader(g.id, best)
 
     async def _reconcile(self, g: Group) -> None:
@@ -344,7 +344,8 @@ class MemberChanges:
                     try:
                         await self.node.host.compact_now(g.id)
                     except GroupUnavailable:
-                        log.info("group %d: compaction before adding %x deferred", g.id, nid)
+                        log.info("group %d: compaction before adding %x deferred", g.id, nid,
+                                 extra={"group": g.id})
                         return
                 cc = _single(ConfChangeType.ADD_LEARNER, nid)
                 break
@@ -364,10 +365,11 @@ class MemberChanges:
             after = await self.node.host.propose_conf_change(g.id, cc, timeout=5.0)
             log.info("group %d: %s %x -> voters %s learners %s", g.id,
                      cc.changes[0].type.name, cc.changes[0].node_id,
-                     [f"{v:x}" for v in after.voters], [f"{v:x}" for v in after.learners])
+                     [f"{v:x}" for v in after.voters], [f"{v:x}" for v in after.learners],
+                     extra={"group": g.id})
         except (GroupUnavailable, ConfChangeError) as e:
             log.info("group %d: %s %x deferred: %s", g.id, cc.changes[0].type.name,
-                     cc.changes[0].node_id, e)
+                     cc.changes[0].node_id, e, extra={"group": g.id})
 
 
 def _replicas(g: Group) -> set[int]:

@@ -81,6 +81,8 @@ class ProcNode:
     """SWIM membership's UDP+TCP port (``--gossip-listen``)."""
     tls: TLSOptions | None = None
     """The client certificate the helpers dial this node with (a TLS cluster)."""
+    metrics_port: int = 0
+    """The HTTP port of /metrics and the health endpoints (``--listen-metrics-urls``)."""
     _channel: grpc.Channel | None = field(default=None, repr=False)
 
     @property
@@ -122,12 +124,13 @@ class ProcCluster:
     def __init__(self, root: Path, n: int = 3, *, heartbeat_ms: int = 50,
                  election_ms: int = 500, extra: tuple[str, ...] = (),
                  tls: ClusterTLS | None = None) -> None:
-        ports = free_ports(3 * n)
+        ports = free_ports(4 * n)
         self.tls = tls
         client_tls = tls.client_options if tls is not None else None
         self.nodes = [
             ProcNode(f"n{i + 1}", ports[2 * i], ports[2 * i + 1], root / f"n{i + 1}",
-                     root / f"n{i + 1}.log", gossip_port=ports[2 * n + i], tls=client_tls)
+                     root / f"n{i + 1}.log", gossip_port=ports[2 * n + i], tls=client_tls,
+                     metrics_port=ports[3 * n + i])
             for i in range(n)
         ]
         self.heartbeat_ms = heartbeat_ms
@@ -144,10 +147,11 @@ class ProcCluster:
 
     def new_node(self, name: str) -> ProcNode:
         """A node for a member added at runtime (start it with ``start(node, existing=True)``)."""
-        client, peer, gossip = free_ports(3)
+        client, peer, gossip, metrics = free_ports(4)
         root = self.nodes[0].data_dir.parent
         node = ProcNode(name, client, peer, root / name, root / f"{name}.log", gossip_port=gossip,
-                        tls=self.tls.client_options if self.tls is not None else None)
+                        tls=self.tls.client_options if self.tls is not None else None,
+                        metrics_port=metrics)
         self.nodes.append(node)
         return node
 
@@ -168,6 +172,7 @@ class ProcCluster:
             "--gossip-listen", f"{HOST}:{node.gossip_port}",
             "--gossip-seeds", ",".join(f"{HOST}:{x.gossip_port}" for x in self.nodes if x is not node),
             *(self.tls.serve_flags(node.name) if self.tls is not None else ()),
+            "--listen-metrics-urls", f"http://{HOST}:{node.metrics_port}",
             *self.extra,
         ]
         log = open(node.log_path, "ab")
