@@ -107,6 +107,7 @@ class Prometheus:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
+    (tmp_path / "cluster").mkdir()
     c = ProcCluster(tmp_path / "cluster", 3)
     c.start_all()
     try:

@@ -76,7 +76,7 @@ def test_console_lines_are_for_people(tmp_path: Path) -> None:
     finally:
         c.stop_all()
     line = next(ln for ln in text.splitlines() if "added (peer URLs" in ln)
-    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO accord\.node\.members "
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO accord\.members "
                     r"\[n1 [0-9a-f]+\] request=req-console-9: member [0-9a-f]+ added", line), line
     assert re.search(r"\] group=\d+: group \d+: ", text)
     assert not any(ln.lstrip().startswith("{") for ln in text.splitlines())
