@@ -168,25 +168,34 @@ class HealthMonitor:
         self._services = tuple(services)
         self._interval = interval
         self.serving: bool | None = None
-        """What the gRPC health service says now (None before the first check)."""
+        """What the gRPC health service says now (None before ``start``)."""
+        self._ever_ready = False
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        """Begin following ``/readyz`` (owned here; ``stop`` cancels and awaits it)."""
+    async def start(self) -> None:
+        """Say NOT_SERVING until the first ``/readyz`` verdict, then follow it (the task
+        is owned here; ``stop`` cancels and awaits it)."""
+        await self._publish(False)
         self._task = asyncio.create_task(self._loop(), name="health-monitor")
+
+    async def _publish(self, ok: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if ok
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in self._services:
+            await self._grpc.health.set(name, status)
+        self.serving = ok
 
     async def sync(self) -> bool:
         """Run the ``/readyz`` checks once and publish the answer; returns it."""
         verdict = await self._checks.run(READYZ_CHECKS)
         if verdict.ok != self.serving:
-            status = (health_pb2.HealthCheckResponse.SERVING if verdict.ok
-                      else health_pb2.HealthCheckResponse.NOT_SERVING)
-            for name in self._services:
-                await self._grpc.health.set(name, status)
-            if self.serving is not None or not verdict.ok:
-                log.info("readiness %s: %s", "regained" if verdict.ok else "lost",
-                         "; ".join(verdict.lines))
-            self.serving = verdict.ok
+            first = self.serving is None or (verdict.ok and not self._ever_ready)
+            await self._publish(verdict.ok)
+            if verdict.ok:
+                log.info("%s: %s", "ready" if first else "ready again", "; ".join(verdict.lines))
+            else:
+                log.warning("not ready: %s", "; ".join(verdict.lines))
+        self._ever_ready |= verdict.ok
         return verdict.ok
 
     async def _loop(self) -> None:

@@ -203,7 +203,7 @@ class Node:
         await self.membership.start()  # SWIM (off with --gossip-listen off)
         await self.grpc.start()
         self._health = HealthMonitor(checks, self.grpc, ("", *(f"etcdserverpb.{s}" for s in ETCD_SERVICES)))
-        self._health.start()
+        await self._health.start()
         self._prober = PeerProber(self.member_id, lambda: self.cluster.members,
                                   self.metrics.peer_rtt, self.metrics.peer_probe_failures)
         self._prober.start()
