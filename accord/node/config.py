@@ -355,17 +355,29 @@ class Config:
         """False when ``--listen-metrics-urls off``."""
         return [u.strip().lower() for u in self.listen_metrics_urls] != ["off"]
 
-    def metrics_listen_addresses(self) -> list[tuple[str, int]]:
-        """(host, port) for each metrics URL; the default when none is given; [] when off."""
+    def metrics_urls(self) -> list[str]:
+        """The metrics listener's URLs: ``--listen-metrics-urls``, else the first client
+        URL's scheme and host at its port + 1000 (https when clients get TLS, with the
+        client certificate, as etcd's metrics on its client URLs); [] when off."""
         if not self.metrics_enabled:
             return []
         if self.listen_metrics_urls:
-            return [parse_url(u, "listen-metrics-urls") for u in self.listen_metrics_urls]
-        host, port = parse_url(self.listen_client_urls[0], "listen-client-urls")
+            return [u.strip() for u in self.listen_metrics_urls]
+        first = self.listen_client_urls[0]
+        host, port = parse_url(first, "listen-client-urls")
         if port + METRICS_PORT_OFFSET > 65535:
             raise ConfigError(f"listen-client-urls: the default metrics port {port} + "
                               f"{METRICS_PORT_OFFSET} is above 65535; set --listen-metrics-urls")
-        return [(host, port + METRICS_PORT_OFFSET)]
+        shown = f"[{host}]" if ":" in host else host
+        return [f"{url_scheme(first)}://{shown}:{port + METRICS_PORT_OFFSET}"]
+
+    def metrics_listen_addresses(self) -> list[tuple[str, int]]:
+        """(host, port) of each of ``metrics_urls``."""
+        return [parse_url(u, "listen-metrics-urls") for u in self.metrics_urls()]
+
+    def metrics_url_is_tls(self, url: str) -> bool:
+        """Whether a metrics URL is served over TLS (``https://``, with the client certificate)."""
+        return url_scheme(url) == "https"
 
     def client_listen_addresses(self) -> list[tuple[str, int]]:
         """(host, port) of every ``--listen-client-urls`` entry."""
@@ -465,11 +477,17 @@ class Config:
             p(f"log-level {self.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in ("", *LOG_FORMATS):
             p(f"log-format {self.log_format!r}: use json or console")
-        if self.metrics_enabled and not self.listen_metrics_urls:
+        if self.metrics_enabled:
             try:
-                self.metrics_listen_addresses()
+                tls_metrics = [u for u in self.metrics_urls() if self.metrics_url_is_tls(u)]
+                if not self.listen_metrics_urls:
+                    self.metrics_listen_addresses()
             except ConfigError as e:
                 p(str(e))
+                tls_metrics = []
+            if tls_metrics and not (self.cert_file and self.key_file):
+                p(f"listen-metrics-urls: {tls_metrics[0]} is https:// and is served with the "
+                  "client certificate: give --cert-file and --key-file")
         if self.max_clock_drift < 0:
             p(f"max-clock-drift {self.max_clock_drift} ms: must be >= 0")
         if self.lease_read and not 0 < self.max_clock_drift < self.election_timeout // 2:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+import ssl
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
@@ -46,18 +47,20 @@ class MetricsServer:
             app.router.add_route("*", f"/{kind}/{{check}}", self._probe)
         return app
 
-    async def start(self, addresses: Sequence[tuple[str, int]]) -> None:
-        """Listen on every ``(host, port)``; ``OSError`` naming the one that failed."""
+    async def start(self, addresses: Sequence[tuple[str, int, ssl.SSLContext | None]]) -> None:
+        """Listen on every ``(host, port, TLS context or None)``; ``OSError`` naming the
+        address that failed."""
         runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await runner.setup()
         self._runner = runner
         try:
-            for host, port in addresses:
-                site = web.TCPSite(runner, host, port, reuse_address=True)
+            for host, port, context in addresses:
+                site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=context)
                 try:
                     await site.start()
                 except OSError as e:
-                    raise OSError(f"cannot serve metrics on http://{host}:{port}: "
+                    scheme = "https" if context is not None else "http"
+                    raise OSError(f"cannot serve metrics on {scheme}://{host}:{port}: "
                                   f"{e.strerror or e}") from e
             self.ports = [int(addr[1]) for addr in runner.addresses]
         except BaseException:
@@ -115,6 +118,18 @@ class MetricsServer:
             log.warning("/%s: %s", kind, "; ".join(verdict.lines))
         return web.Response(status=200 if verdict.ok else 503, text=verdict.body(verbose),
                             headers={"Content-Type": TEXT, "X-Content-Type-Options": "nosniff"})
+
+
+def following(current: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+    """A server context that hands every handshake to ``current()`` (the node's reloading
+    client TLS), so a rotated certificate is served from the next connection on."""
+    base = current()
+
+    def pick(sock: ssl.SSLObject, server_name: str | None, _ctx: ssl.SSLContext) -> None:
+        sock.context = current()
+
+    base.sni_callback = pick
+    return base
 
 
 def _not_allowed() -> web.Response:

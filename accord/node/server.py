@@ -37,6 +37,7 @@ import gc
 import logging
 import os
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -49,7 +50,7 @@ from accord.node.config import Config, ConfigError, load_config
 from accord.node.grpc_server import ETCD_SERVICES, AccordGrpcServer, ServerOptions, build_server
 from accord.node.grpcmetrics import GrpcCollector, GrpcMetricsInterceptor
 from accord.node.health import HealthChecks, HealthMonitor
-from accord.node.httpserve import MetricsServer
+from accord.node.httpserve import MetricsServer, following
 from accord.node.members import META_GROUP, MemberChanges, add_debug_service
 from accord.node.metrics import NodeMetrics
 from accord.node.peerprobe import PeerProber
@@ -193,7 +194,10 @@ class Node:
         checks = HealthChecks(self)
         if cfg.metrics_enabled:
             self.http = MetricsServer(self.metrics, checks)
-            await self.http.start(cfg.metrics_listen_addresses())
+            await self.http.start([
+                (h, p, self._metrics_tls() if cfg.metrics_url_is_tls(url) else None)
+                for url, (h, p) in zip(cfg.metrics_urls(), cfg.metrics_listen_addresses(),
+                                       strict=True)])
         add_scheduler_service(self.grpc.server, self.scheduling)
         add_debug_service(self.grpc.server, self)
         from accord.membership.servicer import add_membership_service
@@ -217,6 +221,13 @@ class Node:
         if cfg.leader_balance_interval > 0:
             self._tasks.append(asyncio.create_task(self._balance_loop(), name="leader-balance"))
         self._tasks.append(self.scheduling.start())
+
+    def _metrics_tls(self) -> ssl.SSLContext:
+        """The TLS context of an https:// metrics URL: the client certificate's, following
+        its rotation (config validation made sure there is one)."""
+        if self.client_tls is None:
+            raise ConfigError("listen-metrics-urls: https:// needs --cert-file and --key-file")
+        return following(self.client_tls.server_context)
 
     # transport callbacks go through the node so they can be bound before the host exists
     def _deliver(self, frm: int, batch: list[Any]) -> None:
@@ -488,9 +499,7 @@ async def serve(config: Config, log_context: logs.LogContext | None = None) -> i
     cfg = node.config
     metrics = ""
     if node.http is not None:
-        hosts = [h for h, _ in cfg.metrics_listen_addresses()]
-        metrics = "; metrics on " + ", ".join(
-            f"http://{h}:{p}/metrics" for h, p in zip(hosts, node.http.ports, strict=False))
+        metrics = "; metrics on " + ", ".join(f"{u.rstrip('/')}/metrics" for u in cfg.metrics_urls())
     print(f"accord node {cfg.name} (id {node.member_id:x}) serving clients on "
           + ", ".join(cfg.advertise_client_urls) + metrics, flush=True)
     stop = asyncio.Event()

@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from accord.node.config import Config
+from accord.node.config import Config, ConfigError
 from accord.node.server import Node
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 from tests.integration.cluster import free_ports
@@ -185,3 +185,36 @@ async def test_health_endpoints_and_grpc_health_agree(tmp_path: Path) -> None:
         s = await scrape(node)
         assert v(s, "etcd_server_health_success") >= 3
         assert v(s, "etcd_server_health_failures") == 1
+
+
+async def test_https_metrics_url_serves_with_the_client_certificate(tmp_path: Path) -> None:
+    import ssl
+
+    from accord.node.certs import make_cluster_pki
+
+    _, files = make_cluster_pki(tmp_path / "pki", ["n1"])
+    cfg = _config(tmp_path, "n1")
+    cfg.listen_client_urls = [u.replace("http://", "https://") for u in cfg.listen_client_urls]
+    cfg.listen_metrics_urls = [u.replace("http://", "https://") for u in cfg.listen_metrics_urls]
+    cfg.cert_file, cfg.key_file = str(files["n1"].cert), str(files["n1"].key)
+    cfg.resolved().validate()
+    node = Node(cfg)
+    await node.start()
+    try:
+        assert node.http is not None
+        url = f"https://127.0.0.1:{node.http.ports[0]}/livez"
+        trusted = ssl.create_default_context(cafile=str(files["n1"].ca))
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url, ssl=trusted, timeout=aiohttp.ClientTimeout(10)) as r:
+                assert (r.status, await r.text()) == (200, "ok\n")
+            with pytest.raises(aiohttp.ClientError):  # plain HTTP gets no answer
+                async with s.get(url.replace("https://", "http://"),
+                                 timeout=aiohttp.ClientTimeout(10)) as r:
+                    await r.text()
+    finally:
+        await node.stop()
+    # without the certificate, an https:// metrics URL is refused before anything starts
+    bare = _config(tmp_path, "n2")
+    bare.listen_metrics_urls = [u.replace("http://", "https://") for u in bare.listen_metrics_urls]
+    with pytest.raises(ConfigError, match="is served with the client certificate"):
+        bare.resolved().validate()

@@ -151,6 +151,8 @@ def test_metrics_listener_defaults_to_client_port_plus_1000() -> None:
     assert cfg.metrics_listen_addresses() == [("127.0.0.1", 3479)]
     cfg = load_config(["--listen-metrics-urls", "http://127.0.0.1:9100,http://127.0.0.1:9101"], {})
     assert cfg.metrics_listen_addresses() == [("127.0.0.1", 9100), ("127.0.0.1", 9101)]
+    tls = Config(listen_client_urls=["https://127.0.0.1:2479"]).resolved()
+    assert tls.metrics_urls() == ["https://127.0.0.1:3479"]  # clients get TLS: so do metrics
     off = load_config(["--listen-metrics-urls", "off"], {})
     assert not off.metrics_enabled and off.metrics_listen_addresses() == []
 
