@@ -67,12 +67,14 @@ async def scrape(node: Node) -> Samples:
 
 
 async def until_led(node: Node, timeout: float = 20.0) -> Samples:
-    """Scrape until every group has a leader."""
+    """Scrape until every group has a leader, and the node has counted each election (a
+    core knows its new leader a turn before the host tells the listeners)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         s = await scrape(node)
-        if s[("etcd_server_has_leader", ())] == 1:
+        if (s[("etcd_server_has_leader", ())] == 1
+                and s[("etcd_server_leader_changes_seen_total", ())] >= len(node.host.groups)):
             return s
         assert loop.time() < deadline, "no leader in every group in time"
         await asyncio.sleep(0.1)
