@@ -168,7 +168,8 @@ class TestCluster:
 
 def _configs(n: int, root: Path, shards: int, heartbeat_ms: int, election_ms: int,
              extra: Sequence[str]) -> list[Config]:
-    ports = free_ports(2 * n)
+    ports = free_ports(3 * n)  # client, peer, then the metrics listeners (not client + 1000:
+    # a port picked at random plus 1000 may belong to anyone)
     names = [f"n{i + 1}" for i in range(n)]
     initial = ",".join(f"{name}=http://{HOST}:{ports[2 * i + 1]}" for i, name in enumerate(names))
     return [load_config([
@@ -177,7 +178,8 @@ def _configs(n: int, root: Path, shards: int, heartbeat_ms: int, election_ms: in
         "--listen-peer-urls", f"http://{HOST}:{ports[2 * i + 1]}",
         "--initial-cluster", initial,
         "--heartbeat-interval", str(heartbeat_ms), "--election-timeout", str(election_ms),
-        "--shards", str(shards), "--gossip-listen", "off", *extra,
+        "--shards", str(shards), "--gossip-listen", "off",
+        "--listen-metrics-urls", f"http://{HOST}:{ports[2 * n + i]}", *extra,
     ], environ={}) for i, name in enumerate(names)]
 
 
