@@ -13,17 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import crc32c
 import grpc
 import msgpack
 
 from accord.node.members import CATCH_UP_SLACK, META_GROUP, NotEnoughStartedMembers
+from accord.proto import rpc_pb2
 from accord.raft.core.types import Role
 from accord.raft.host.multiraft import GroupUnavailable
 from accord.services.cluster import snapfile
-from accord.services.cluster.members import MemberChangeError, MemberRecord
+from accord.services.cluster.members import ClusterStateMachine, MemberChangeError, MemberRecord
 from accord.services.kv import errors
 from accord.services.kv.backend import (
     ETCD_COMPAT_VERSION,
@@ -99,6 +100,7 @@ class ReplicatedBackend(StateMachineBackend):
         super().__init__(machines)
         self.node = node
         self.groups = [kv_group(i) for i in range(len(machines))]
+        self.alarms = node.cluster.alarms  # replicated through the meta group
 
     @property
     def _group(self) -> Any:
@@ -269,6 +271,21 @@ class ReplicatedBackend(StateMachineBackend):
             return snapfile.encode(rev, images, kv_groups)
 
         return rev, await asyncio.to_thread(build)
+
+    async def alarm(self, req: rpc_pb2.AlarmRequest) -> list[tuple[int, int]]:
+        """The cluster's alarms, as etcd: GET reads them after a ReadIndex barrier on the
+        meta group (every member lists the same); ACTIVATE and DEACTIVATE are meta-group
+        commands, answered with what their apply did."""
+        try:
+            if req.action == rpc_pb2.AlarmRequest.GET:
+                await self.node.host.read_barrier(META_GROUP)
+                return self.alarms.apply(req)
+            if req.action == rpc_pb2.AlarmRequest.ACTIVATE and req.alarm == rpc_pb2.NONE:
+                return []
+            result = await self.node.host.propose(META_GROUP, ClusterStateMachine.encode_alarm(req))
+            return cast("list[tuple[int, int]]", result)
+        except GroupUnavailable as e:
+            raise unavailable(e) from None
 
     async def defragment(self) -> None:
         """Nothing to reclaim: compacted history leaves memory when compaction applies."""

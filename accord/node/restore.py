@@ -12,7 +12,8 @@ member's own snapshots leave it:
   snapshots, so the groups' logs agree from the first election on;
 * the meta group's image is replaced by the new cluster's table (its members from
   ``--initial-cluster``, every shard on all of them), as etcd's restore replaces the
-  member list: the old cluster's member ids and addresses mean nothing to the new one;
+  member list: the old cluster's member ids and addresses mean nothing to the new one
+  (the old cluster's alarms, kept with the table, stay behind too);
 * the lease clocks of the KV shards move to the time of the restore and forget the old
   cluster's Raft term (``KVStateMachine.image_for_new_cluster``): the first leader then
   rebases every deadline, so each lease keeps the time it had left when the backup was

@@ -19,6 +19,9 @@ first replicates as a Raft learner in every group and is promoted once caught up
 Removed ids are kept (``removed``) as etcd does: a removed member cannot come back
 under the same id, and leaders know to take it out of their groups.
 
+The meta group also keeps the cluster's alarms (``alarms.py``), so every member lists
+and enforces the same ones, as in etcd.
+
 Versions: each member *advertises* the newest command format it can apply
 (``advertise``; a member that never did, an older node, counts as format 1).
 :meth:`ClusterStateMachine.min_command_format` is what every member can apply, so a
@@ -33,6 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
+
+from accord.proto import rpc_pb2
+from accord.services.cluster.alarms import AlarmTable
 
 
 @dataclass(slots=True)
@@ -79,6 +85,8 @@ class ClusterStateMachine:
         self.shard_map: list[ShardPlacement] = list(shard_map or [])
         self.removed: dict[int, int] = {}
         """Removed member id -> the meta log index of its removal."""
+        self.alarms = AlarmTable()
+        """The cluster's alarms (``alarms.py``), replicated with the table."""
         self.listeners: list[Callable[[], None]] = []
         """Called after every change of the member table (on every replica)."""
 
@@ -96,6 +104,11 @@ class ClusterStateMachine:
     def min_command_format(self) -> int:
         """The newest command format every member applies (1 with no member)."""
         return min((m.command_format for m in self.members.values()), default=1)
+
+    @staticmethod
+    def encode_alarm(req: rpc_pb2.AlarmRequest) -> bytes:
+        """Command: raise or clear an alarm (``AlarmRequest`` ACTIVATE/DEACTIVATE)."""
+        return bytes(msgpack.packb(["alarm", int(req.action), req.memberID, int(req.alarm)]))
 
     @staticmethod
     def encode_add(member_id: int, peer_urls: list[str], is_learner: bool) -> bytes:
@@ -147,6 +160,12 @@ class ClusterStateMachine:
         rec.command_format = command_format
         return rec
 
+    def _alarm(self, index: int, action: int, member_id: int, alarm: int) -> list[tuple[int, int]]:
+        if action not in (rpc_pb2.AlarmRequest.ACTIVATE, rpc_pb2.AlarmRequest.DEACTIVATE):
+            raise ValueError(f"alarm command with action {action!r}")
+        req = rpc_pb2.AlarmRequest(action=action, memberID=member_id, alarm=alarm)  # type: ignore[arg-type]
+        return self.alarms.apply(req)
+
     def _add(self, index: int, member_id: int, peer_urls: list[str],
              is_learner: bool) -> MemberRecord:
         taken = {u for m in self.members.values() for u in m.peer_urls}
@@ -194,7 +213,7 @@ class ClusterStateMachine:
         return rec
 
     _handlers: dict[str, Callable[..., object]] = {
-        "publish": _publish, "advertise": _advertise, "add": _add, "remove": _remove,
+        "publish": _publish, "advertise": _advertise, "alarm": _alarm, "add": _add, "remove": _remove,
         "update": _update,
         "promote": _promote,
     }
@@ -215,8 +234,9 @@ class ClusterStateMachine:
                 for m in sorted(self.members.values(), key=lambda m: m.id)]
         shards = [[p.shard, p.group, list(p.replicas)] for p in self.shard_map]
         removed = sorted([i, at] for i, at in self.removed.items())
+        alarms = self.alarms.dump()
         return lambda: bytes(msgpack.packb({"members": rows, "shards": shards,
-                                            "removed": removed}))
+                                            "removed": removed, "alarms": alarms}))
 
     def restore(self, data: bytes) -> None:
         """Replace the table and the shard map by a snapshot's."""
@@ -230,4 +250,5 @@ class ClusterStateMachine:
         }
         self.shard_map = [ShardPlacement(s, g, tuple(r)) for s, g, r in image["shards"]]
         self.removed = {int(i): int(at) for i, at in image.get("removed", ())}
+        self.alarms.load(image.get("alarms", []))
         self._changed()

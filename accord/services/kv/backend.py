@@ -28,11 +28,12 @@ import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from accord.proto import rpc_pb2
+from accord.services.cluster.alarms import AlarmTable
 from accord.services.kv import errors, fanout, sharding
 from accord.services.kv.errors import EtcdError
 
@@ -90,48 +91,6 @@ class HashKVResult:
     hash: int
     compact_revision: int
     revision: int
-
-
-@dataclass(slots=True)
-class AlarmTable:
-    """Raised alarms, as ``(member_id, AlarmType)`` pairs, in raise order."""
-
-    raised: list[tuple[int, int]] = field(default_factory=list)
-
-    def apply(self, req: rpc_pb2.AlarmRequest) -> list[tuple[int, int]]:
-        """Apply an ``AlarmRequest``; returns the alarms the response lists (etcd's rules).
-
-        An alarm is kept under the ``memberID`` it is raised for, 0 ("all members")
-        included, as etcd keeps it: the same alarm raised for member 0 and for a named
-        member are two entries, and deactivating one leaves the other."""
-        target = req.memberID
-        if req.action == rpc_pb2.AlarmRequest.GET:
-            return [a for a in self.raised if req.alarm in (rpc_pb2.NONE, a[1])]
-        if req.action == rpc_pb2.AlarmRequest.ACTIVATE:
-            if req.alarm == rpc_pb2.NONE:
-                return []
-            entry = (target, int(req.alarm))
-            if entry not in self.raised:
-                self.raised.append(entry)
-            return [entry]
-        # DEACTIVATE
-        entry = (target, int(req.alarm))
-        if entry in self.raised:
-            self.raised.remove(entry)
-            return [entry]
-        return []
-
-    def has(self, alarm: int) -> bool:
-        """Whether any member raised ``alarm``."""
-        return any(a[1] == alarm for a in self.raised)
-
-    def names(self) -> tuple[str, ...]:
-        """Alarm strings for ``StatusResponse.errors``: etcd's text form of the alarm,
-        "memberID:… alarm:… ", which leaves out a zero member id ("alarm:NOSPACE ")."""
-        return tuple(
-            (f"memberID:{mid} " if mid else "") + f"alarm:{rpc_pb2.AlarmType.Name(a)} "
-            for mid, a in self.raised
-        )
 
 
 @runtime_checkable
