@@ -2,7 +2,8 @@
 
 etcd measures its peers' round-trip time with a prober that calls each peer's HTTP
 endpoint every few seconds. accord's peer links carry Raft batches with no echo to time,
-so :class:`PeerProber` does what etcd's prober does over the peers' client port: every
+so :class:`PeerProber` does what etcd's prober does over the peers' client port (over TLS
+with this node's client certificate when they serve ``https://``): every
 ``INTERVAL`` seconds one ``grpc.health.v1.Health/Check`` per member that published a
 client URL, on a channel kept open per peer (so a probe is one request and its answer,
 not a connection set-up), with a ``TIMEOUT``. The time includes the peer's gRPC handling
@@ -32,12 +33,28 @@ TIMEOUT = 1.0
 """Seconds a probe may take before it counts as failed."""
 
 
-def _target(url: str) -> str | None:
-    """``http://host:port`` -> ``host:port`` (None for anything else)."""
-    if not url.startswith("http://"):
-        return None
-    rest = url[len("http://"):].rstrip("/")
-    return rest or None
+def _address(url: str) -> tuple[str, bool] | None:
+    """``http(s)://host:port`` -> (``host:port``, TLS or not); None for anything else."""
+    for scheme, tls in (("http://", False), ("https://", True)):
+        if url.startswith(scheme):
+            rest = url[len(scheme):].rstrip("/")
+            return (rest, tls) if rest else None
+    return None
+
+
+def tls_credentials(ca_file: str, cert_file: str, key_file: str) -> grpc.ChannelCredentials:
+    """Credentials to probe peers' ``https://`` client URLs: the cluster's CA (the
+    system's when none is given) and this node's certificate, which clients with
+    ``--client-cert-auth`` ask for."""
+    def read(path: str) -> bytes | None:
+        if not path:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    return grpc.ssl_channel_credentials(root_certificates=read(ca_file),
+                                        private_key=read(key_file),
+                                        certificate_chain=read(cert_file))
 
 
 class PeerProber:
@@ -45,8 +62,12 @@ class PeerProber:
 
     def __init__(self, member_id: int, members: Callable[[], Mapping[int, MemberRecord]],
                  rtt: dict[int, Buckets], failures: dict[int, int], *,
-                 interval: float = INTERVAL, timeout: float = TIMEOUT) -> None:
+                 interval: float = INTERVAL, timeout: float = TIMEOUT,
+                 tls: Callable[[], grpc.ChannelCredentials] | None = None) -> None:
+        """``tls``: makes the credentials for peers' ``https://`` URLs (None: only
+        ``http://`` ones are probed)."""
         self._self = member_id
+        self._tls = tls
         self._members = members
         self.rtt = rtt
         self.failures = failures
@@ -76,14 +97,16 @@ class PeerProber:
             await self.probe_all()
 
     async def probe_all(self) -> None:
-        """One round: every other member with a client URL, concurrently."""
+        """One round: every other member with a client URL it can reach, concurrently."""
         wanted: dict[int, str] = {}
         for mid, rec in self._members().items():
             if mid == self._self:
                 continue
-            target = next((t for t in map(_target, rec.client_urls) if t), None)
-            if target is not None:
-                wanted[mid] = target
+            for url in rec.client_urls:
+                found = _address(url)
+                if found is not None and (not found[1] or self._tls is not None):
+                    wanted[mid] = url
+                    break
         for mid in list(self._channels):
             if self._channels[mid][0] != wanted.get(mid):
                 _, ch = self._channels.pop(mid)
@@ -94,7 +117,15 @@ class PeerProber:
     async def _probe(self, mid: int, target: str) -> None:
         entry = self._channels.get(mid)
         if entry is None:
-            entry = self._channels[mid] = (target, grpc.aio.insecure_channel(target))
+            found = _address(target)
+            assert found is not None
+            address, tls = found
+            if tls:
+                assert self._tls is not None
+                channel = grpc.aio.secure_channel(address, self._tls())
+            else:
+                channel = grpc.aio.insecure_channel(address)
+            entry = self._channels[mid] = (target, channel)
         stub = health_pb2_grpc.HealthStub(entry[1])
         began = time.perf_counter()
         try:

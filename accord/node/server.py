@@ -44,6 +44,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from accord.node import logs
 from accord.node.backend import KV_GROUP, ReplicatedBackend, kv_group
 from accord.node.config import Config, ConfigError, load_config
@@ -53,7 +55,7 @@ from accord.node.health import HealthChecks, HealthMonitor
 from accord.node.httpserve import MetricsServer, following
 from accord.node.members import META_GROUP, MemberChanges, add_debug_service
 from accord.node.metrics import NodeMetrics
-from accord.node.peerprobe import PeerProber
+from accord.node.peerprobe import PeerProber, tls_credentials
 from accord.node.tls import ReloadingTLS, client_files, peer_files
 from accord.raft.core.types import Role
 from accord.raft.host.balance import plan_moves
@@ -208,8 +210,13 @@ class Node:
         await self.grpc.start()
         self._health = HealthMonitor(checks, self.grpc, ("", *(f"etcdserverpb.{s}" for s in ETCD_SERVICES)))
         await self._health.start()
+        probe_tls = None
+        if cfg.cert_file and cfg.key_file:
+            def probe_tls() -> grpc.ChannelCredentials:
+                return tls_credentials(cfg.trusted_ca_file, cfg.cert_file, cfg.key_file)
         self._prober = PeerProber(self.member_id, lambda: self.cluster.members,
-                                  self.metrics.peer_rtt, self.metrics.peer_probe_failures)
+                                  self.metrics.peer_rtt, self.metrics.peer_probe_failures,
+                                  tls=probe_tls)
         self._prober.start()
         self._tasks = [
             asyncio.create_task(self._publish(), name="publish-member"),

@@ -220,3 +220,51 @@ async def test_https_metrics_url_serves_with_the_client_certificate(tmp_path: Pa
     bare.listen_metrics_urls = [u.replace("http://", "https://") for u in bare.listen_metrics_urls]
     with pytest.raises(ConfigError, match="is served with the client certificate"):
         bare.resolved().validate()
+
+
+async def test_peer_prober_times_health_checks_over_http_and_https(tmp_path: Path) -> None:
+    from accord.node.certs import make_cluster_pki
+    from accord.node.metrics import Buckets
+    from accord.node.peerprobe import PeerProber, tls_credentials
+    from accord.services.cluster.members import MemberRecord
+
+    _, files = make_cluster_pki(tmp_path / "pki", ["n1"])
+    plain_cfg = _config(tmp_path, "p1")
+    tls_cfg = _config(tmp_path, "t1")
+    tls_cfg.listen_client_urls = [u.replace("http://", "https://")
+                                  for u in tls_cfg.listen_client_urls]
+    tls_cfg.listen_metrics_urls = ["off"]
+    tls_cfg.cert_file, tls_cfg.key_file = str(files["n1"].cert), str(files["n1"].key)
+    tls_cfg.trusted_ca_file, tls_cfg.client_cert_auth = str(files["n1"].ca), True
+    plain, secure = Node(plain_cfg), Node(tls_cfg)
+    await plain.start()
+    await secure.start()
+    try:
+        (closed,) = free_ports(1)  # nobody listens here: that probe fails
+        members = {
+            1: MemberRecord(1, "me", ("http://127.0.0.1:1",), (plain.config.advertise_client_urls[0],)),
+            2: MemberRecord(2, "plain", (), tuple(plain.config.advertise_client_urls)),
+            3: MemberRecord(3, "secure", (), tuple(secure.config.advertise_client_urls)),
+            4: MemberRecord(4, "gone", (), (f"http://127.0.0.1:{closed}",)),
+        }
+        rtt: dict[int, Buckets] = {}
+        failures: dict[int, int] = {}
+        c = secure.config
+        prober = PeerProber(1, lambda: members, rtt, failures, timeout=2.0,
+                            tls=lambda: tls_credentials(c.trusted_ca_file, c.cert_file, c.key_file))
+        try:
+            for _ in range(2):
+                await prober.probe_all()
+        finally:
+            await prober.stop()
+        assert rtt[2].count == 2 and rtt[3].count == 2  # itself (1) is never probed
+        assert 1 not in rtt and 4 not in rtt and failures == {4: 2}
+        assert all(0 < b.total < 4.0 for b in rtt.values())
+        # without credentials an https:// peer is left alone rather than dialled in clear
+        bare = PeerProber(1, lambda: members, {}, {}, timeout=2.0)
+        await bare.probe_all()
+        assert set(bare.rtt) == {2}
+        await bare.stop()
+    finally:
+        await secure.stop()
+        await plain.stop()
