@@ -1,0 +1,229 @@
+"""Running one task: a child process in its own process group, logs to files, stop with grace.
+
+``TaskProcess.start`` runs the command with ``start_new_session`` (so the task and
+everything it forks form one process group the agent can signal as a whole),
+the task's environment, a working directory and stdout/stderr appended to
+``stdout.log`` / ``stderr.log`` in the task's directory, and pins it to the CPUs
+of its devices when they are known (``sched_setaffinity`` right after the spawn;
+threads and children the task creates inherit it).
+
+``stop(grace, preempt)``: a preempted task is told first, by a file at
+``ACCORD_PREEMPT_FILE`` (JSON with the reason and the kill deadline) written
+before any signal; then SIGTERM goes to the whole process group and SIGKILL
+after ``grace`` seconds if anything of the group is left. A task that saves a
+checkpoint on SIGTERM can check for the file to know it is being preempted
+rather than cancelled.
+
+Each task directory holds ``task.json`` (job, rank, attempt, pid, the process
+start time from ``/proc/PID/stat``): after an agent restart ``leftovers`` finds
+the tasks an earlier life started, and ``kill_leftover`` ends one only if its
+pid still belongs to the same process (the start time matches), so a recycled
+pid is never signalled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from accord.agent.discovery.found import parse_cpu_list
+
+log = logging.getLogger("accord.agent")
+
+PREEMPT_FILE_ENV = "ACCORD_PREEMPT_FILE"
+STDOUT, STDERR, RECORD = "stdout.log", "stderr.log", "task.json"
+
+
+@dataclass(slots=True, frozen=True)
+class TaskKey:
+    """Which task of which run: a job's rank in its ``attempt``-th placement."""
+
+    job_id: str
+    rank: int
+    attempt: int
+
+    @property
+    def dirname(self) -> str:
+        """The task's directory name under the agent's task root."""
+        return f"{self.job_id}.r{self.rank}.a{self.attempt}"
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/PID/stat`` (start time in clock ticks since boot); None when the
+    process is gone or a zombie (it has exited; only its exit status waits to be reaped)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    rest = text[text.rfind(")") + 2:].split()
+    try:
+        return None if rest[0] in ("Z", "X") else int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def group_alive(pgid: int) -> bool:
+    """Is any process of group ``pgid`` left?"""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class TaskProcess:
+    """One task's process, its logs and its record."""
+
+    def __init__(self, key: TaskKey, command: Sequence[str], env: Mapping[str, str], root: Path,
+                 *, cwd: str = "", cpus: str = "") -> None:
+        if not command:
+            raise ValueError(f"task {key.dirname}: the command is empty")
+        self.key = key
+        self.command = list(command)
+        self.dir = root / key.dirname
+        self.cwd = cwd
+        self.cpus = cpus
+        self.env = dict(env)
+        self.env[PREEMPT_FILE_ENV] = str(self.dir / "preempt")
+        self.env.setdefault("ACCORD_TASK_DIR", str(self.dir))
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pid = 0
+        self.started_at = 0.0
+        self.exit_code: int | None = None
+        self.stopping = False
+
+    @property
+    def stdout_path(self) -> Path:
+        """The task's stdout log."""
+        return self.dir / STDOUT
+
+    @property
+    def stderr_path(self) -> Path:
+        """The task's stderr log."""
+        return self.dir / STDERR
+
+    async def start(self) -> int:
+        """Spawn the process; returns its pid. ``OSError`` when it cannot be started."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        cwd = self.cwd or str(self.dir)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        out = os.open(self.stdout_path, flags, 0o644)
+        try:
+            err = os.open(self.stderr_path, flags, 0o644)
+            try:
+                self.proc = await asyncio.create_subprocess_exec(
+                    *self.command, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
+                    env=self.env, cwd=cwd, start_new_session=True)
+            finally:
+                os.close(err)
+        finally:
+            os.close(out)
+        self.pid = self.proc.pid
+        self.started_at = time.time()
+        if self.cpus:
+            try:
+                os.sched_setaffinity(self.pid, parse_cpu_list(self.cpus))
+            except (OSError, ValueError) as e:  # CPUs outside our cgroup: run unpinned
+                log.info("task %s: cannot pin to CPUs %s: %s", self.key.dirname, self.cpus, e)
+        record = {"job_id": self.key.job_id, "rank": self.key.rank, "attempt": self.key.attempt,
+                  "pid": self.pid, "proc_start": proc_start_time(self.pid),
+                  "started_at": self.started_at, "command": self.command}
+        tmp = self.dir / (RECORD + ".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(self.dir / RECORD)
+        return self.pid
+
+    async def wait(self) -> int:
+        """The exit code (``-N`` when killed by signal N), once the process has ended."""
+        assert self.proc is not None, "start() first"
+        code = await self.proc.wait()
+        self.exit_code = code
+        return code
+
+    async def stop(self, grace: float, *, preempt: bool = False, reason: str = "") -> int:
+        """Tell (if preempted), SIGTERM the group, SIGKILL after ``grace``; returns the exit code."""
+        assert self.proc is not None, "start() first"
+        self.stopping = True
+        if preempt:
+            note = {"reason": reason or "preempted", "deadline": time.time() + grace}
+            with contextlib.suppress(OSError):
+                tmp = self.dir / "preempt.tmp"
+                tmp.write_text(json.dumps(note))
+                tmp.replace(self.dir / "preempt")
+        _signal_group(self.pid, signal.SIGTERM)
+        try:
+            async with asyncio.timeout(max(0.0, grace)):
+                code = await self.proc.wait()
+        except TimeoutError:
+            _signal_group(self.pid, signal.SIGKILL)
+            code = await self.proc.wait()
+        # The leader is gone; anything it left in its group goes too.
+        _signal_group(self.pid, signal.SIGKILL)
+        self.exit_code = code
+        return code
+
+
+@dataclass(slots=True, frozen=True)
+class Leftover:
+    """A task an earlier agent life started, as its ``task.json`` says."""
+
+    key: TaskKey
+    pid: int
+    proc_start: int | None
+    dir: Path
+
+    def alive(self) -> bool:
+        """Is that very process (not a recycled pid) still there?"""
+        now = proc_start_time(self.pid)
+        return now is not None and (self.proc_start is None or now == self.proc_start)
+
+
+def leftovers(root: Path) -> list[Leftover]:
+    """Every recorded task under ``root`` whose process is still running."""
+    out = []
+    try:
+        dirs = sorted(root.iterdir())
+    except OSError:
+        return []
+    for d in dirs:
+        try:
+            rec = json.loads((d / RECORD).read_text())
+            left = Leftover(TaskKey(str(rec["job_id"]), int(rec["rank"]), int(rec["attempt"])),
+                            int(rec["pid"]), rec.get("proc_start"), d)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if left.alive():
+            out.append(left)
+    return out
+
+
+async def kill_leftover(left: Leftover, grace: float) -> bool:
+    """End a leftover task's process group (SIGTERM, SIGKILL after ``grace``); False if gone."""
+    if not left.alive():
+        return False
+    _signal_group(left.pid, signal.SIGTERM)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0.0, grace)
+    while loop.time() < deadline and left.alive():
+        await asyncio.sleep(0.05)
+    _signal_group(left.pid, signal.SIGKILL)
+    return True

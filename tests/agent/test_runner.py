@@ -1,0 +1,120 @@
+"""The process runner: own process group, environment, logs, affinity, stop with grace."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from accord.agent.runner import PREEMPT_FILE_ENV, TaskKey, TaskProcess, kill_leftover, leftovers
+
+PY = sys.executable
+
+
+async def test_runs_with_env_cwd_logs_and_exit_code(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    code = ("import os, sys; print(os.environ['ACCORD_JOB_ID'], os.getcwd()); "
+            "print('oops', file=sys.stderr); sys.exit(3)")
+    t = TaskProcess(TaskKey("j1", 0, 1), [PY, "-c", code], {"ACCORD_JOB_ID": "j1", "PATH": "/usr/bin"},
+                    tmp_path / "tasks", cwd=str(work))
+    pid = await t.start()
+    assert os.getpgid(pid) == pid  # its own process group
+    assert await t.wait() == 3
+    assert t.stdout_path.read_text() == f"j1 {work}\n"
+    assert t.stderr_path.read_text() == "oops\n"
+    rec = json.loads((t.dir / "task.json").read_text())
+    assert (rec["job_id"], rec["rank"], rec["attempt"], rec["pid"]) == ("j1", 0, 1, pid)
+
+
+async def test_cpu_affinity_is_applied(tmp_path: Path) -> None:
+    cpu = min(os.sched_getaffinity(0))
+    t = TaskProcess(TaskKey("j", 0, 1), [PY, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                    {}, tmp_path, cpus=str(cpu))
+    await t.start()
+    assert await t.wait() == 0
+    # The pin lands right after the spawn; python prints well after that.
+    assert t.stdout_path.read_text().strip() == f"[{cpu}]"
+
+
+async def test_sigterm_ends_the_whole_group(tmp_path: Path) -> None:
+    # The task forks a grandchild that would outlive a plain kill of the task.
+    code = ("import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print(p.pid, flush=True); time.sleep(60)")
+    t = TaskProcess(TaskKey("j", 0, 1), [PY, "-c", code], {}, tmp_path)
+    await t.start()
+    for _ in range(200):
+        if t.stdout_path.read_text().strip():
+            break
+        await asyncio.sleep(0.05)
+    grandchild = int(t.stdout_path.read_text())
+    assert await t.stop(10.0) == -signal.SIGTERM
+    for _ in range(100):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the grandchild outlived its task's process group")
+
+
+async def test_sigkill_after_grace_and_preempt_file_first(tmp_path: Path) -> None:
+    code = ("import json, os, signal, sys, time\n"
+            "def term(*a):\n"
+            "    p = os.environ['ACCORD_PREEMPT_FILE']\n"
+            "    print('preempt' if os.path.exists(p) else 'cancel', json.load(open(p))['reason'] "
+            "if os.path.exists(p) else '', flush=True)\n"
+            "signal.signal(signal.SIGTERM, term)\n"
+            "print('ready', flush=True)\n"
+            "while True: time.sleep(0.1)\n")
+    t = TaskProcess(TaskKey("j", 0, 2), [PY, "-c", code], {}, tmp_path)
+    await t.start()
+    assert t.env[PREEMPT_FILE_ENV] == str(t.dir / "preempt")
+    for _ in range(200):
+        if "ready" in t.stdout_path.read_text():
+            break
+        await asyncio.sleep(0.05)
+    began = time.monotonic()
+    code_ = await t.stop(0.5, preempt=True, reason="preempted by j2")
+    took = time.monotonic() - began
+    assert code_ == -signal.SIGKILL  # it ignored SIGTERM, so the grace ran out
+    assert took >= 0.5
+    assert "preempt preempted by j2" in t.stdout_path.read_text()
+
+
+async def test_leftovers_of_a_dead_agent_are_found_and_killed(tmp_path: Path) -> None:
+    t = TaskProcess(TaskKey("old", 1, 3), [PY, "-c", "import time; time.sleep(60)"], {}, tmp_path)
+    await t.start()
+    done = TaskProcess(TaskKey("done", 0, 1), [PY, "-c", "pass"], {}, tmp_path)
+    await done.start()
+    await done.wait()
+    left = leftovers(tmp_path)
+    assert [(x.key, x.pid) for x in left] == [(TaskKey("old", 1, 3), t.pid)]
+    killer = asyncio.create_task(kill_leftover(left[0], 5.0))
+    assert await t.wait() == -signal.SIGTERM
+    assert await killer
+    assert leftovers(tmp_path) == []
+
+
+async def test_a_recycled_pid_is_not_a_leftover(tmp_path: Path) -> None:
+    d = tmp_path / "x.r0.a1"
+    d.mkdir()
+    # Our own pid with another process's start time: the record is stale.
+    (d / "task.json").write_text(json.dumps({"job_id": "x", "rank": 0, "attempt": 1,
+                                             "pid": os.getpid(), "proc_start": 1}))
+    assert leftovers(tmp_path) == []
+
+
+def test_empty_command_is_refused(tmp_path: Path) -> None:
+    try:
+        TaskProcess(TaskKey("j", 0, 1), [], {}, tmp_path)
+    except ValueError as e:
+        assert "command is empty" in str(e)
+    else:
+        raise AssertionError("an empty command was accepted")
