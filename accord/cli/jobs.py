@@ -1,11 +1,13 @@
 """`accord jobs` and `accord nodes`: the GPU scheduler from the shell.
 
-    accord jobs submit --tasks 2 --gpus 8 --selector 'vendor == nvidia' [--wait 30]
+    accord jobs submit --tasks 2 --gpus 8 --selector 'vendor == nvidia' [--wait 30] [--] CMD ARGS...
     accord jobs ls [--status running] | show ID | cancel ID | watch [ID] [--since INDEX]
+    accord jobs logs ID [--rank R] [--stderr] [--follow]   # a task's output, through its agent
     accord nodes ls | drain NAME | undrain NAME
     accord nodes register --from-json FILE      # a node spec (NodeSpec fields) as JSON
     accord nodes register --fake NAME --gpus 8 --vendor nvidia   # a made-up GPU node
-    accord nodes agent --from-json FILE [--interval 0.5]         # register, then heartbeat
+    accord nodes agent [NAME]                    # discover this machine, run its tasks
+    accord nodes agent --from-json FILE [--interval 0.5]         # a given inventory
     accord nodes agent --fake gpu-a --gossip-seeds 10.0.0.1:3380  # ... and join SWIM membership
 
 They speak ``accord.scheduling.v1.Scheduler`` to any member. Endpoints come from
@@ -17,13 +19,11 @@ calls carry one request id across endpoints so a retry is applied at most once.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -64,7 +64,12 @@ def _job_spec(a: argparse.Namespace) -> pb.JobSpec:
                       priority=a.priority, tasks=a.tasks, devices_per_task=a.gpus,
                       cpu_milli=a.cpu_milli, memory_mib=a.memory_mib, selector=a.selector,
                       topology_level=a.topology or "", topology_required=a.require_topology,
-                      preemptible=a.preemptible)
+                      preemptible=a.preemptible, command=list(a.command or []),
+                      workdir=a.workdir or "")
+    if a.grace is not None:
+        spec.grace = a.grace
+    if a.max_restarts is not None:
+        spec.max_restarts = a.max_restarts
     if a.gpu_milli is not None:
         spec.gpu_milli = a.gpu_milli
     if a.runtime is not None:
@@ -77,6 +82,12 @@ def _print_launch(info: pb.JobInfo) -> None:
         env = " ".join(f"{k}={v}" for k, v in sorted(t.env.items()))
         print(f"  rank {t.rank}: {t.host} devices {list(t.devices)} cpus {t.cpus or '-'} "
               f"nics {','.join(t.nics) or '-'}\n    {env}")
+
+
+def _when(t: float) -> str:
+    if not t:
+        return "-"
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
 
 
 def _jobs(a: argparse.Namespace) -> int:
@@ -121,10 +132,20 @@ def _jobs(a: argparse.Namespace) -> int:
             return 0
         print(f"{info.spec.id} {info.status} tenant={info.spec.tenant} tasks={info.spec.tasks} "
               f"gpus/task={info.spec.devices_per_task} selector={info.spec.selector!r} "
-              f"starts={info.starts} requeues={info.requeues}"
+              f"starts={info.starts} requeues={info.requeues} failures={info.failures}"
               + (f" reason={info.reason!r}" if info.reason else ""))
+        if info.spec.command:
+            print(f"  command: {' '.join(info.spec.command)}")
+        for t in info.task_status:
+            code = str(t.exit_code) if t.HasField("exit_code") else "-"
+            print(f"  task {t.rank} on {t.node}: {t.state} start {_when(t.start_time)} "
+                  f"end {_when(t.end_time)} exit {code}" + (f" ({t.reason})" if t.reason else ""))
         _print_launch(info)
         return 0
+    if a.op == "logs":
+        from accord.cli.logs import print_logs
+
+        return print_logs(eps, a.job_id, a.rank, a.attempt, a.stderr, a.follow)
     if a.op == "cancel":
         req_c = pb.CancelJobRequest(job_id=a.job_id, request_id=_rid())
         _first(eps, lambda s: s.CancelJob(req_c, timeout=TIMEOUT))
@@ -152,30 +173,6 @@ def _jobs(a: argparse.Namespace) -> int:
 
 
 # ----- nodes --------------------------------------------------------------------------------
-
-
-def _fake_spec(a: argparse.Namespace) -> pb.NodeSpec:
-    from accord.services.scheduling.servicer import node_to_pb
-    from accord.services.scheduling.topology import make_node
-
-    node = make_node(a.fake, gpus=a.gpus, vendor=a.vendor, model=a.model, islands=a.islands,
-                     leaf=a.leaf, address=a.address)
-    return node_to_pb(node)
-
-
-def _spec_from(a: argparse.Namespace) -> pb.NodeSpec | None:
-    if a.from_json:
-        try:
-            raw = Path(a.from_json).read_text()
-            return json_format.Parse(raw, pb.NodeSpec())
-        except (OSError, json_format.ParseError) as e:
-            print(f"accord nodes {a.op}: cannot read a node spec from {a.from_json}: {e}",
-                  file=sys.stderr)
-            return None
-    if a.fake:
-        return _fake_spec(a)
-    print(f"accord nodes {a.op}: give --from-json FILE or --fake NAME", file=sys.stderr)
-    return None
 
 
 def _nodes(a: argparse.Namespace) -> int:
@@ -206,92 +203,19 @@ def _nodes(a: argparse.Namespace) -> int:
             _first(eps, lambda s: s.UndrainNode(req, timeout=TIMEOUT))
             print(f"{a.name} undrained")
         return 0
-    spec = _spec_from(a)
+    if a.op == "agent":
+        from accord.cli import agent
+
+        return agent.agent_main(a)
+    from accord.cli.agent import spec_from
+
+    spec = spec_from(a)
     if spec is None:
-        return 2
-    try:
-        gossip = _gossip_settings(a) if a.op == "agent" else None
-    except ValueError as e:
-        print(f"accord nodes {a.op}: {e}", file=sys.stderr)
         return 2
     reg = pb.RegisterNodeRequest(node=spec, request_id=_rid())
     name = _first(eps, lambda s: s.RegisterNode(reg, timeout=TIMEOUT)).node
     print(f"{name} registered ({len(spec.devices)} devices)", flush=True)
-    if a.op == "register":
-        return 0
-    # agent: heartbeat until interrupted; re-register if declared dead meanwhile
-    try:
-        swim = _join_gossip(gossip, name, spec) if gossip is not None else None
-    except OSError as e:
-        print(f"accord nodes agent: cannot join membership: {e}", file=sys.stderr)
-        return 1
-    beats = 0
-    try:
-        while not a.count or beats < a.count:
-            time.sleep(a.interval)
-            try:
-                _first(eps, _heartbeat(pb.HeartbeatRequest(node=name, request_id=_rid())))
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
-                    raise
-                _first(eps, lambda s: s.RegisterNode(
-                    pb.RegisterNodeRequest(node=spec, request_id=_rid()), timeout=TIMEOUT))
-            beats += 1
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if swim is not None:
-            swim.stop()
     return 0
-
-
-# ----- the agent's SWIM member ----------------------------------------------------------------
-
-
-def _gossip_settings(a: argparse.Namespace) -> dict[str, Any] | None:
-    """The agent's SWIM settings from its flags (None without --gossip-seeds); ValueError if bad."""
-    from accord.membership.agent import parse_address
-    from accord.membership.background import local_address_toward
-    from accord.membership.config import SwimConfig
-
-    seeds = [parse_address(x.strip()) for x in (a.gossip_seeds or "").split(",") if x.strip()]
-    if not seeds:
-        if a.gossip_listen:
-            raise ValueError("--gossip-listen needs --gossip-seeds (the daemons' gossip addresses)")
-        return None
-    bind = (parse_address(a.gossip_listen) if a.gossip_listen
-            else (local_address_toward(seeds[0]), 0))
-    config = SwimConfig.profile(a.gossip_profile)
-    if a.gossip_key:
-        try:
-            config.secret_keys = tuple(bytes.fromhex(k.strip()) for k in a.gossip_key.split(","))
-        except ValueError:
-            raise ValueError("--gossip-key: keys must be hex strings") from None
-        config.validate()
-    return {"config": config, "bind": bind, "seeds": seeds}
-
-
-def agent_meta(name: str, spec: pb.NodeSpec) -> dict[str, str]:
-    """A GPU agent's SWIM metadata: its role, node name and a digest of its inventory."""
-    digest = hashlib.sha256(spec.SerializeToString(deterministic=True)).hexdigest()[:16]
-    models = ",".join(sorted({f"{d.vendor}/{d.model}" for d in spec.devices}))[:120]
-    return {"role": "gpu-agent", "node": name, "gpus": str(len(spec.devices)),
-            "models": models, "inventory": digest}
-
-
-def _join_gossip(settings: dict[str, Any], name: str, spec: pb.NodeSpec) -> Any:
-    """Start the agent's SWIM member (role gpu-agent) in a background thread."""
-    from accord.membership.background import BackgroundMembership
-
-    swim = BackgroundMembership(settings["config"], bind=settings["bind"], name=name,
-                                seeds=settings["seeds"], meta=agent_meta(name, spec))
-    host, port = swim.start()
-    print(f"{name} joined membership as {host}:{port}", flush=True)
-    return swim
-
-
-def _heartbeat(req: pb.HeartbeatRequest) -> Callable[[Any], Any]:
-    return lambda s: s.Heartbeat(req, timeout=TIMEOUT)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -299,11 +223,32 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+def split_command(p: argparse.ArgumentParser, args: list[str]) -> tuple[list[str], list[str]]:
+    """``submit [options] [--] COMMAND ARGS...``: the options, and the command to run.
+
+    After ``--`` everything is the command; without it the command starts at the first
+    word after ``submit`` that is neither an option nor an option's value."""
+    if "--" in args:
+        cut = args.index("--")
+        return args[:cut], args[cut + 1:]
+    if not args or args[0] != "submit":
+        return args, []
+    takes_value = {opt for action in p._actions for opt in action.option_strings
+                   if action.nargs != 0}
+    i = 1
+    while i < len(args):
+        word = args[i]
+        if not word.startswith("-") or word == "-":
+            return args[:i], args[i:]
+        i += 2 if word in takes_value and "=" not in word else 1
+    return args, []
+
+
 def jobs_main(argv: Sequence[str]) -> int:
     """`accord jobs submit|ls|show|cancel|watch`."""
     p = argparse.ArgumentParser(prog="accord jobs", description="submit and inspect GPU jobs")
-    p.add_argument("op", choices=["submit", "ls", "show", "cancel", "watch"])
-    p.add_argument("job_id", nargs="?", help="job id (show, cancel, watch)")
+    p.add_argument("op", choices=["submit", "ls", "show", "cancel", "watch", "logs"])
+    p.add_argument("job_id", nargs="?", help="job id (show, cancel, watch, logs)")
     _common(p)
     g = p.add_argument_group("submit")
     g.add_argument("--id", help="job id (default: the server picks one)")
@@ -328,14 +273,31 @@ def jobs_main(argv: Sequence[str]) -> int:
     g.add_argument("--count", type=int, default=0, help="watch: stop after this many events")
     g.add_argument("--since", type=int, default=0,
                    help="watch: first replay the member's recent events from this log index")
-    return _run(_jobs, p.parse_args(list(argv)))
+    g.add_argument("--workdir", help="submit: the tasks' working directory on their nodes")
+    g.add_argument("--grace", type=float,
+                   help="submit: seconds from SIGTERM to SIGKILL when tasks are stopped (10)")
+    g.add_argument("--max-restarts", type=int,
+                   help="submit: failures requeued before the job is held (default 3)")
+    lg = p.add_argument_group("logs")
+    lg.add_argument("--rank", type=int, default=0, help="logs: which task (default 0)")
+    lg.add_argument("--attempt", type=int, default=0, help="logs: which attempt (0: the latest)")
+    lg.add_argument("--stderr", action="store_true", help="logs: stderr instead of stdout")
+    lg.add_argument("--follow", "-f", action="store_true",
+                    help="logs: keep printing until the task ends")
+    args, command = split_command(p, list(argv))
+    a = p.parse_args(args)
+    if command and a.op != "submit":
+        p.error(f"unexpected arguments for {a.op}: {' '.join(command)}")
+    a.command = command
+    return _run(_jobs, a)
 
 
 def nodes_main(argv: Sequence[str]) -> int:
     """`accord nodes ls|drain|undrain|register|agent`."""
     p = argparse.ArgumentParser(prog="accord nodes", description="GPU nodes of the scheduler")
     p.add_argument("op", choices=["ls", "drain", "undrain", "register", "agent"])
-    p.add_argument("name", nargs="?", help="node name (drain, undrain)")
+    p.add_argument("name", nargs="?", help="node name (drain, undrain; agent: with discovery, "
+                                           "default the host name)")
     _common(p)
     g = p.add_argument_group("register / agent")
     g.add_argument("--from-json", help="file holding a NodeSpec as JSON")
@@ -357,6 +319,9 @@ def nodes_main(argv: Sequence[str]) -> int:
     g.add_argument("--gossip-profile", default="lan", choices=["lan", "wan", "local"],
                    help="agent: SWIM timing profile; use the daemons' (default lan)")
     g.add_argument("--gossip-key", help="agent: hex AES key(s) of the daemons' --gossip-key")
+    from accord.cli.agent import add_agent_flags
+
+    add_agent_flags(g)
     return _run(_nodes, p.parse_args(list(argv)))
 
 

@@ -77,23 +77,25 @@ class NodeSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., numa_cpus: _Optional[_Iterable[str]] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., block: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("spec", "alive", "drained", "last_heartbeat", "unhealthy", "running_jobs")
+    __slots__ = ("spec", "alive", "drained", "last_heartbeat", "unhealthy", "running_jobs", "agent_endpoint")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     DRAINED_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_FIELD_NUMBER: _ClassVar[int]
     RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     spec: NodeSpec
     alive: bool
     drained: bool
     last_heartbeat: float
     unhealthy: _containers.RepeatedScalarFieldContainer[int]
     running_jobs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, spec: _Optional[_Union[NodeSpec, _Mapping]] = ..., alive: _Optional[bool] = ..., drained: _Optional[bool] = ..., last_heartbeat: _Optional[float] = ..., unhealthy: _Optional[_Iterable[int]] = ..., running_jobs: _Optional[_Iterable[str]] = ...) -> None: ...
+    agent_endpoint: str
+    def __init__(self, spec: _Optional[_Union[NodeSpec, _Mapping]] = ..., alive: _Optional[bool] = ..., drained: _Optional[bool] = ..., last_heartbeat: _Optional[float] = ..., unhealthy: _Optional[_Iterable[int]] = ..., running_jobs: _Optional[_Iterable[str]] = ..., agent_endpoint: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("id", "tenant", "queue", "priority", "tasks", "devices_per_task", "gpu_milli", "cpu_milli", "memory_mib", "selector", "topology_level", "topology_required", "estimated_runtime", "preemptible", "submit_time")
+    __slots__ = ("id", "tenant", "queue", "priority", "tasks", "devices_per_task", "gpu_milli", "cpu_milli", "memory_mib", "selector", "topology_level", "topology_required", "estimated_runtime", "preemptible", "submit_time", "command", "workdir", "grace", "max_restarts")
     ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +111,10 @@ class JobSpec(_message.Message):
     ESTIMATED_RUNTIME_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIBLE_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_TIME_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    WORKDIR_FIELD_NUMBER: _ClassVar[int]
+    GRACE_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     id: str
     tenant: str
     queue: str
@@ -124,7 +130,29 @@ class JobSpec(_message.Message):
     estimated_runtime: float
     preemptible: bool
     submit_time: float
-    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., tasks: _Optional[int] = ..., devices_per_task: _Optional[int] = ..., gpu_milli: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., selector: _Optional[str] = ..., topology_level: _Optional[str] = ..., topology_required: _Optional[bool] = ..., estimated_runtime: _Optional[float] = ..., preemptible: _Optional[bool] = ..., submit_time: _Optional[float] = ...) -> None: ...
+    command: _containers.RepeatedScalarFieldContainer[str]
+    workdir: str
+    grace: float
+    max_restarts: int
+    def __init__(self, id: _Optional[str] = ..., tenant: _Optional[str] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., tasks: _Optional[int] = ..., devices_per_task: _Optional[int] = ..., gpu_milli: _Optional[int] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., selector: _Optional[str] = ..., topology_level: _Optional[str] = ..., topology_required: _Optional[bool] = ..., estimated_runtime: _Optional[float] = ..., preemptible: _Optional[bool] = ..., submit_time: _Optional[float] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., grace: _Optional[float] = ..., max_restarts: _Optional[int] = ...) -> None: ...
+
+class TaskStatus(_message.Message):
+    __slots__ = ("rank", "node", "state", "start_time", "end_time", "exit_code", "reason")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    START_TIME_FIELD_NUMBER: _ClassVar[int]
+    END_TIME_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    node: str
+    state: str
+    start_time: float
+    end_time: float
+    exit_code: int
+    reason: str
+    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class TaskLaunch(_message.Message):
     __slots__ = ("rank", "host", "address", "devices", "vendor", "numa_nodes", "cpus", "nics", "env", "argv")
@@ -158,7 +186,7 @@ class TaskLaunch(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., host: _Optional[str] = ..., address: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ..., vendor: _Optional[str] = ..., numa_nodes: _Optional[_Iterable[int]] = ..., cpus: _Optional[str] = ..., nics: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., argv: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("spec", "status", "tasks", "start_time", "end_time", "master_port", "starts", "requeues", "reason")
+    __slots__ = ("spec", "status", "tasks", "start_time", "end_time", "master_port", "starts", "requeues", "reason", "task_status", "failures")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +196,8 @@ class JobInfo(_message.Message):
     STARTS_FIELD_NUMBER: _ClassVar[int]
     REQUEUES_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    TASK_STATUS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
     spec: JobSpec
     status: str
     tasks: _containers.RepeatedCompositeFieldContainer[TaskLaunch]
@@ -177,15 +207,19 @@ class JobInfo(_message.Message):
     starts: int
     requeues: int
     reason: str
-    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskLaunch, _Mapping]]] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., master_port: _Optional[int] = ..., starts: _Optional[int] = ..., requeues: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    task_status: _containers.RepeatedCompositeFieldContainer[TaskStatus]
+    failures: int
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskLaunch, _Mapping]]] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., master_port: _Optional[int] = ..., starts: _Optional[int] = ..., requeues: _Optional[int] = ..., reason: _Optional[str] = ..., task_status: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., failures: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node", "request_id")
+    __slots__ = ("node", "request_id", "agent_endpoint")
     NODE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     node: NodeSpec
     request_id: str
-    def __init__(self, node: _Optional[_Union[NodeSpec, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    agent_endpoint: str
+    def __init__(self, node: _Optional[_Union[NodeSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., agent_endpoint: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("node",)
@@ -249,6 +283,32 @@ class JobFinishedResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ReportTaskRequest(_message.Message):
+    __slots__ = ("job_id", "rank", "attempt", "node", "state", "exit_code", "reason", "request_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    attempt: int
+    node: str
+    state: str
+    exit_code: int
+    reason: str
+    request_id: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., attempt: _Optional[int] = ..., node: _Optional[str] = ..., state: _Optional[str] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReportTaskResponse(_message.Message):
+    __slots__ = ("job_status",)
+    JOB_STATUS_FIELD_NUMBER: _ClassVar[int]
+    job_status: str
+    def __init__(self, job_status: _Optional[str] = ...) -> None: ...
+
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -256,12 +316,14 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("status", "tenant")
+    __slots__ = ("status", "tenant", "node")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     status: str
     tenant: str
-    def __init__(self, status: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
+    node: str
+    def __init__(self, status: _Optional[str] = ..., tenant: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs",)
@@ -278,18 +340,22 @@ class WatchPlacementsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., start_index: _Optional[int] = ...) -> None: ...
 
 class PlacementEvent(_message.Message):
-    __slots__ = ("index", "kind", "job_id", "reason", "tasks")
+    __slots__ = ("index", "kind", "job_id", "reason", "tasks", "attempt", "spec")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
     index: int
     kind: str
     job_id: str
     reason: str
     tasks: _containers.RepeatedCompositeFieldContainer[TaskLaunch]
-    def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., job_id: _Optional[str] = ..., reason: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskLaunch, _Mapping]]] = ...) -> None: ...
+    attempt: int
+    spec: JobSpec
+    def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., job_id: _Optional[str] = ..., reason: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskLaunch, _Mapping]]] = ..., attempt: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ...) -> None: ...
 
 class NodeRequest(_message.Message):
     __slots__ = ("node", "request_id")

@@ -59,6 +59,11 @@ class SchedulerStub:
                 request_serializer=accord_dot_proto_dot_scheduling__pb2.JobFinishedRequest.SerializeToString,
                 response_deserializer=accord_dot_proto_dot_scheduling__pb2.JobFinishedResponse.FromString,
                 _registered_method=True)
+        self.ReportTask = channel.unary_unary(
+                '/accord.scheduling.v1.Scheduler/ReportTask',
+                request_serializer=accord_dot_proto_dot_scheduling__pb2.ReportTaskRequest.SerializeToString,
+                response_deserializer=accord_dot_proto_dot_scheduling__pb2.ReportTaskResponse.FromString,
+                _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/accord.scheduling.v1.Scheduler/GetJob',
                 request_serializer=accord_dot_proto_dot_scheduling__pb2.GetJobRequest.SerializeToString,
@@ -127,6 +132,13 @@ class SchedulerServicer:
 
     def JobFinished(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportTask(self, request, context):
+        """Agents: a task of a placed job started, exited (with its exit code) or was lost.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -203,6 +215,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.JobFinished,
                     request_deserializer=accord_dot_proto_dot_scheduling__pb2.JobFinishedRequest.FromString,
                     response_serializer=accord_dot_proto_dot_scheduling__pb2.JobFinishedResponse.SerializeToString,
+            ),
+            'ReportTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportTask,
+                    request_deserializer=accord_dot_proto_dot_scheduling__pb2.ReportTaskRequest.FromString,
+                    response_serializer=accord_dot_proto_dot_scheduling__pb2.ReportTaskResponse.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
@@ -375,6 +392,33 @@ class Scheduler:
             '/accord.scheduling.v1.Scheduler/JobFinished',
             accord_dot_proto_dot_scheduling__pb2.JobFinishedRequest.SerializeToString,
             accord_dot_proto_dot_scheduling__pb2.JobFinishedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accord.scheduling.v1.Scheduler/ReportTask',
+            accord_dot_proto_dot_scheduling__pb2.ReportTaskRequest.SerializeToString,
+            accord_dot_proto_dot_scheduling__pb2.ReportTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,6 +20,11 @@ VENDORS = ("nvidia", "amd", "intel")
 TOPOLOGY_LEVELS = ("island", "node", "leaf", "spine", "block")
 """Job-level topology domains, narrowest first."""
 
+MAX_ARGS = 1024
+MAX_COMMAND_CHARS = 65536
+MAX_GRACE = 3600.0
+"""Bounds on a job's command and stop grace: a command travels in every placement event."""
+
 WHOLE = 1000
 """A whole device, in thousandths (``gpu_milli``)."""
 
@@ -215,6 +220,14 @@ class Job:
     estimated_runtime: float = 3600.0
     preemptible: bool = False
     submit_time: float = 0.0
+    command: tuple[str, ...] = ()
+    """What each task runs (argv); empty: nothing is started (a placement-only job)."""
+    workdir: str = ""
+    """The tasks' working directory on their node; empty: the task's own directory."""
+    grace: float = 10.0
+    """Seconds between SIGTERM and SIGKILL when the job's tasks are stopped."""
+    max_restarts: int = 3
+    """Failures (a task exiting non-zero, its node or device dying) requeued before it is held."""
 
     @property
     def gpus(self) -> float:
@@ -235,7 +248,8 @@ class Job:
             "memory_mib": self.memory_mib, "selector": self.selector,
             "topology": [self.topology.level, self.topology.required],
             "estimated_runtime": self.estimated_runtime, "preemptible": self.preemptible,
-            "submit_time": self.submit_time,
+            "submit_time": self.submit_time, "command": list(self.command),
+            "workdir": self.workdir, "grace": self.grace, "max_restarts": self.max_restarts,
         }
 
     @staticmethod
@@ -272,6 +286,22 @@ class Job:
         est = _opt(d, "estimated_runtime", (int, float), 3600.0, w)
         if est <= 0:
             raise SchedulingError(f"{w}: estimated_runtime must be > 0")
+        command = _opt(d, "command", (list, tuple), [], w)
+        if (len(command) > MAX_ARGS or not all(isinstance(a, str) for a in command)
+                or sum(len(a) for a in command) > MAX_COMMAND_CHARS):
+            raise SchedulingError(f"{w}: command must be at most {MAX_ARGS} strings of "
+                                  f"{MAX_COMMAND_CHARS} characters in all")
+        if command and not command[0]:
+            raise SchedulingError(f"{w}: the command's program is empty")
+        workdir = _opt(d, "workdir", str, "", w)
+        if len(workdir) > 4096 or "\0" in workdir:
+            raise SchedulingError(f"{w}: workdir is not a usable path")
+        grace = _opt(d, "grace", (int, float), 10.0, w)
+        if not 0 <= grace <= MAX_GRACE:
+            raise SchedulingError(f"{w}: grace must be in 0..{MAX_GRACE} seconds, got {grace}")
+        restarts = _opt(d, "max_restarts", int, 3, w)
+        if not 0 <= restarts <= 1000:
+            raise SchedulingError(f"{w}: max_restarts must be in 0..1000, got {restarts}")
         return Job(
             id=jid, tenant=check_name(_opt(d, "tenant", str, "default", w), "tenant"),
             queue=check_name(_opt(d, "queue", str, "default", w), "queue"),
@@ -280,6 +310,7 @@ class Job:
             topology=Topology(topo_raw[0], topo_raw[1]), estimated_runtime=float(est),
             preemptible=_opt(d, "preemptible", bool, False, w),
             submit_time=float(_opt(d, "submit_time", (int, float), 0.0, w)),
+            command=tuple(command), workdir=workdir, grace=float(grace), max_restarts=restarts,
         )
 
 

@@ -92,6 +92,9 @@ class Event:
     master_port: int | None = None
     nodes: dict[str, Node] = field(default_factory=dict)
     """The nodes of the placement, captured at apply time (for launch facts)."""
+    attempt: int = 0
+    """The job's placement this is about (its ``starts``): the new one for ``placed``, the
+    one that ended for the others."""
 
 
 class EventHub:
@@ -264,21 +267,28 @@ class SchedulerShard:
         if op in ("drain", "undrain", "submit_job"):
             self._kick.set()
         for jid in result.get("requeued", []):
-            self.events.publish(Event(index, "requeued", jid, self.sm.jobs[jid].reason))
+            r = self.sm.jobs[jid]
+            self.events.publish(Event(index, "requeued", jid, r.reason, attempt=r.starts))
             self._kick.set()
         for jid in result.get("preempted", []):
-            self.events.publish(Event(index, "preempted", jid, "preempted"))
+            self.events.publish(Event(index, "preempted", jid, "preempted",
+                                      attempt=self.sm.jobs[jid].starts))
         for jid in result.get("accepted", []):
             r = self.sm.jobs[jid]
             assert r.placement is not None
             nodes = {t.node: self.sm.nodes[t.node].node for t in r.placement.tasks}
             self.events.publish(Event(index, "placed", jid, "", r.job, r.placement, r.master_port,
-                                      nodes))
+                                      nodes, r.starts))
+        for jid in result.get("ended", []):
+            r = self.sm.jobs[jid]
+            self.events.publish(Event(index, "finished", jid, r.status if not r.reason
+                                      else f"{r.status}: {r.reason}", attempt=r.starts))
+            self._kick.set()
         if op in ("cancel_job", "job_finished"):
             for jid in before:
                 r = self.sm.jobs[jid]
                 kind = "cancelled" if op == "cancel_job" else "finished"
-                self.events.publish(Event(index, kind, jid, r.status))
+                self.events.publish(Event(index, kind, jid, r.status, attempt=r.starts))
             self._kick.set()
 
     # ----- commands and reads ----------------------------------------------------------------

@@ -54,10 +54,13 @@ class SchedulingService:
             raise SchedulingError(str(result.get("error", "command rejected")))
         return result
 
-    async def register_node(self, node: Node | dict[str, Any], request_id: str | None = None) -> dict[str, Any]:
-        """Add a node (or refresh an idle one's inventory)."""
+    async def register_node(self, node: Node | dict[str, Any], request_id: str | None = None,
+                            agent: str = "") -> dict[str, Any]:
+        """Add a node (or refresh an idle one's inventory); ``agent``: its agent's endpoint."""
         wire = node.to_wire() if isinstance(node, Node) else node
         Node.from_wire(wire)
+        if agent:
+            return await self._commit("register_node", request_id, node=wire, agent=agent)
         return await self._commit("register_node", request_id, node=wire)
 
     async def heartbeat(self, node: str, unhealthy: Iterable[int] = (), request_id: str | None = None
@@ -86,6 +89,20 @@ class SchedulingService:
         """Report that a running job ended."""
         check_name(job_id, "job id")
         return await self._commit("job_finished", request_id, job_id=job_id, ok=bool(ok))
+
+    async def task_status(self, job_id: str, rank: int, attempt: int, node: str, state: str,
+                          exit_code: int | None = None, reason: str = "",
+                          request_id: str | None = None) -> dict[str, Any]:
+        """An agent's report on one task: ``running``, ``exited`` (with its code) or ``lost``."""
+        check_name(job_id, "job id")
+        check_name(node, "node")
+        if state not in ("running", "exited", "lost"):
+            raise SchedulingError(f"task state {state!r} is not one of running, exited, lost")
+        fields: dict[str, Any] = {"job_id": job_id, "rank": rank, "attempt": attempt,
+                                  "node": node, "state": state, "reason": reason[:512]}
+        if state == "exited":
+            fields["exit_code"] = int(exit_code if exit_code is not None else -1)
+        return await self._commit("task_status", request_id, **fields)
 
     async def checkpoint_committed(self, job_id: str, request_id: str | None = None) -> dict[str, Any]:
         """Note a job's newly committed checkpoint (makes it a cheaper preemption victim)."""

@@ -30,7 +30,7 @@ from accord.services.scheduling.errors import SchedulingError
 from accord.services.scheduling.launch import TaskLaunch, task_launches
 from accord.services.scheduling.model import Job, Node, Placement
 from accord.services.scheduling.replicated import Event, SchedulerShard, ShardUnavailable
-from accord.services.scheduling.state import RUNNING
+from accord.services.scheduling.state import RUNNING, TaskRecord
 
 T = TypeVar("T")
 _grpc_mod: Any = scheduling_pb2_grpc  # the generated module carries no annotations
@@ -131,9 +131,14 @@ def job_to_wire(spec: pb.JobSpec, job_id: str) -> dict[str, Any]:
         d["tenant"] = spec.tenant
     if spec.queue:
         d["queue"] = spec.queue
-    for key in ("tasks", "devices_per_task", "gpu_milli", "estimated_runtime"):
+    for key in ("tasks", "devices_per_task", "gpu_milli", "estimated_runtime", "grace",
+                "max_restarts"):
         if spec.HasField(key):
             d[key] = getattr(spec, key)
+    if spec.command:
+        d["command"] = list(spec.command)
+    if spec.workdir:
+        d["workdir"] = spec.workdir
     if spec.topology_required and not spec.topology_level:
         raise SchedulingError(f"job {job_id}: topology_required needs a topology_level")
     return d
@@ -147,7 +152,8 @@ def job_to_pb(job: Job) -> pb.JobSpec:
         memory_mib=job.memory_mib, selector=job.selector,
         topology_level=job.topology.level or "", topology_required=job.topology.required,
         estimated_runtime=job.estimated_runtime, preemptible=job.preemptible,
-        submit_time=job.submit_time,
+        submit_time=job.submit_time, command=list(job.command), workdir=job.workdir,
+        grace=job.grace, max_restarts=job.max_restarts,
     )
 
 
@@ -169,8 +175,20 @@ def event_to_pb(ev: Event) -> pb.PlacementEvent:
     """A shard event as a ``PlacementEvent``."""
     tasks = (_launches(ev.job, ev.placement, ev.master_port, ev.nodes)
              if ev.job is not None else [])
-    return pb.PlacementEvent(index=ev.index, kind=ev.kind, job_id=ev.job_id, reason=ev.reason,
-                             tasks=tasks)
+    out = pb.PlacementEvent(index=ev.index, kind=ev.kind, job_id=ev.job_id, reason=ev.reason,
+                            tasks=tasks, attempt=ev.attempt)
+    if ev.job is not None:
+        out.spec.CopyFrom(job_to_pb(ev.job))
+    return out
+
+
+def task_to_pb(t: TaskRecord) -> pb.TaskStatus:
+    """One task's reported status as a message."""
+    out = pb.TaskStatus(rank=t.rank, node=t.node, state=t.state, start_time=t.start_time or 0.0,
+                        end_time=t.end_time or 0.0, reason=t.reason)
+    if t.exit_code is not None:
+        out.exit_code = t.exit_code
+    return out
 
 
 class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
@@ -193,7 +211,8 @@ class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
         return pb.JobInfo(spec=job_to_pb(r.job), status=r.status, tasks=tasks,
                           start_time=r.start_time or 0.0, end_time=r.end_time or 0.0,
                           master_port=r.master_port or 0, starts=r.starts, requeues=r.requeues,
-                          reason=r.reason)
+                          reason=r.reason, task_status=[task_to_pb(t) for t in r.tasks],
+                          failures=r.failures)
 
     def _jobs_on(self, node: str) -> list[str]:
         sm = self.shard.sm
@@ -212,7 +231,8 @@ class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
         async def run() -> pb.RegisterNodeResponse:
             wire = node_to_wire(request.node)
             Node.from_wire(wire)
-            out = await self._svc.register_node(wire, request.request_id or None)
+            out = await self._svc.register_node(wire, request.request_id or None,
+                                                agent=request.agent_endpoint)
             return pb.RegisterNodeResponse(node=str(out["node"]))
         return await _call(context, run())
 
@@ -264,6 +284,17 @@ class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
             return pb.JobFinishedResponse()
         return await _call(context, run())
 
+    async def ReportTask(self, request: pb.ReportTaskRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ReportTaskResponse:
+        """An agent reports a task running, exited (with its code) or lost."""
+        async def run() -> pb.ReportTaskResponse:
+            await self._svc.task_status(request.job_id, request.rank, request.attempt,
+                                        request.node, request.state, request.exit_code,
+                                        request.reason, request.request_id or None)
+            r = self.shard.sm.jobs.get(request.job_id)
+            return pb.ReportTaskResponse(job_status=r.status if r else "")
+        return await _call(context, run())
+
     async def GetJob(self, request: pb.GetJobRequest,
                      context: grpc.aio.ServicerContext) -> pb.JobInfo:
         """One job, with per-task launch facts while it runs."""
@@ -280,9 +311,12 @@ class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
         async def run() -> pb.ListJobsResponse:
             await self.shard.barrier()
             sm = self.shard.sm
-            ids = [r.job.id for r in sm.jobs.values()
-                   if (not request.status or r.status == request.status)
-                   and (not request.tenant or r.job.tenant == request.tenant)]
+            if request.node:
+                ids = self._jobs_on(request.node)
+            else:
+                ids = [r.job.id for r in sm.jobs.values()
+                       if (not request.status or r.status == request.status)
+                       and (not request.tenant or r.job.tenant == request.tenant)]
             return pb.ListJobsResponse(jobs=[self._job_info(j) for j in ids])
         return await _call(context, run())
 
@@ -320,7 +354,7 @@ class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
             return pb.ListNodesResponse(nodes=[
                 pb.NodeInfo(spec=node_to_pb(st.node), alive=st.alive, drained=st.drained,
                             last_heartbeat=st.last_heartbeat, unhealthy=list(st.unhealthy),
-                            running_jobs=self._jobs_on(name))
+                            running_jobs=self._jobs_on(name), agent_endpoint=st.agent)
                 for name, st in self.shard.sm.nodes.items()
             ])
         return await _call(context, run())

@@ -15,7 +15,17 @@ changes nothing. Together these make a leader crash mid-cycle harmless: nothing
 is placed twice, and nothing pending is lost.
 
 Commands (``op``): register_node, heartbeat, submit_job, cancel_job, place_jobs,
-job_finished, checkpoint, node_dead, drain, undrain, set_queue, set_tenant.
+job_finished, task_status, checkpoint, node_dead, drain, undrain, set_queue, set_tenant.
+
+Tasks: each placement is the job's ``starts``-th *attempt*; its tasks start as
+``placed``, and the agents running them report (``task_status``) ``running`` and then
+``exited`` with the exit code, or ``lost`` (the agent restarted and could not keep it).
+A report for another attempt, or for a job no longer running, is refused (the agent
+then stops that task). The job succeeds when every task exited 0; the first non-zero
+exit is a *failure*, as are its node dying and one of its devices failing: a failure
+requeues the job while ``failures <= max_restarts``, after that the job is ``held``
+(``failed`` when ``max_restarts`` is 0) and stays put; devices are freed in every case.
+A preemption or a lost task requeues without counting as a failure.
 """
 
 from __future__ import annotations
@@ -41,6 +51,34 @@ PORT_BASE = 29500
 PORT_RANGE = 1000
 
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "pending", "running", "succeeded", "failed", "cancelled"
+HELD = "held"
+"""Failed more often than ``max_restarts`` allows: kept out of the queue until cancelled."""
+ENDED = (SUCCEEDED, FAILED, CANCELLED)
+TASK_STATES = ("placed", "running", "exited", "lost")
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    """One task of a job's current (or last) attempt, as its agent reported it."""
+
+    rank: int
+    node: str
+    state: str = "placed"
+    start_time: float | None = None
+    end_time: float | None = None
+    exit_code: int | None = None
+    """``-N``: killed by signal N."""
+    reason: str = ""
+
+    def to_wire(self) -> list[Any]:
+        """Encode compactly (a job holds one per task)."""
+        return [self.rank, self.node, self.state, self.start_time, self.end_time,
+                self.exit_code, self.reason]
+
+    @staticmethod
+    def from_wire(d: list[Any]) -> TaskRecord:
+        """Decode a snapshot entry."""
+        return TaskRecord(*d)
 
 
 @dataclass(slots=True)
@@ -52,11 +90,14 @@ class NodeStatus:
     drained: bool = False
     last_heartbeat: float = 0.0
     unhealthy: list[int] = field(default_factory=list)
+    agent: str = ""
+    """``host:port`` of the node agent's own service (task logs), as it registered."""
 
     def to_wire(self) -> dict[str, Any]:
         """Encode as a msgpack-friendly dict."""
         return {"node": self.node.to_wire(), "alive": self.alive, "drained": self.drained,
-                "last_heartbeat": self.last_heartbeat, "unhealthy": list(self.unhealthy)}
+                "last_heartbeat": self.last_heartbeat, "unhealthy": list(self.unhealthy),
+                "agent": self.agent}
 
 
 @dataclass(slots=True)
@@ -73,6 +114,10 @@ class JobRecord:
     starts: int = 0
     requeues: int = 0
     reason: str = ""
+    failures: int = 0
+    """Failures so far (see the module docstring); past ``max_restarts`` the job is held."""
+    tasks: list[TaskRecord] = field(default_factory=list)
+    """The tasks of attempt ``starts`` (kept after the job ends, for ``jobs show``)."""
 
     def to_wire(self) -> dict[str, Any]:
         """Encode as a msgpack-friendly dict (also the ``get_job`` answer)."""
@@ -82,6 +127,7 @@ class JobRecord:
             "start_time": self.start_time, "end_time": self.end_time,
             "last_checkpoint": self.last_checkpoint, "master_port": self.master_port,
             "starts": self.starts, "requeues": self.requeues, "reason": self.reason,
+            "failures": self.failures, "tasks": [t.to_wire() for t in self.tasks],
         }
 
     @staticmethod
@@ -93,6 +139,8 @@ class JobRecord:
             start_time=d["start_time"], end_time=d["end_time"],
             last_checkpoint=d["last_checkpoint"], master_port=d["master_port"],
             starts=d["starts"], requeues=d["requeues"], reason=d["reason"],
+            failures=d.get("failures", 0),
+            tasks=[TaskRecord.from_wire(t) for t in d.get("tasks", [])],
         )
 
 
@@ -118,6 +166,7 @@ class SchedulerStateMachine:
             "register_node": self._register_node, "heartbeat": self._heartbeat,
             "submit_job": self._submit_job, "cancel_job": self._cancel_job,
             "place_jobs": self._place_jobs, "job_finished": self._job_finished,
+            "task_status": self._task_status,
             "checkpoint": self._checkpoint, "node_dead": self._node_dead,
             "drain": self._drain, "undrain": self._undrain, "set_queue": self._set_queue,
             "set_tenant": self._set_tenant,
@@ -182,7 +231,8 @@ class SchedulerStateMachine:
         for s in d["nodes"]:
             node = Node.from_wire(s["node"])
             fresh.nodes[node.name] = NodeStatus(node, s["alive"], s["drained"],
-                                                s["last_heartbeat"], list(s["unhealthy"]))
+                                                s["last_heartbeat"], list(s["unhealthy"]),
+                                                s.get("agent", ""))
             fresh.index.add_node(node, schedulable=s["alive"] and not s["drained"])
             for i in s["unhealthy"]:
                 fresh.index.set_health(node.name, i, False)
@@ -235,16 +285,32 @@ class SchedulerStateMachine:
     def _take_unchecked(self, job: Job, placement: Placement) -> None:
         take(self.index, job, placement)
 
-    def _requeue(self, jid: str, reason: str) -> None:
+    def _requeue(self, jid: str, reason: str, *, failure: bool = False) -> bool:
+        """Put a running job back in the queue; a failure past its budget holds it instead.
+
+        Returns True when the job went back to pending."""
         r = self.jobs[jid]
         if r.status != RUNNING or r.placement is None:
-            return
+            return False
         self._release(r)
+        self.running.pop(jid, None)
+        for t in r.tasks:
+            if t.state in ("placed", "running"):
+                t.state, t.end_time = "lost", self.clock
+                t.reason = t.reason or reason
+        if failure:
+            r.failures += 1
+            if r.failures > r.job.max_restarts:
+                r.status = HELD if r.job.max_restarts > 0 else FAILED
+                r.reason = (f"{reason}; failed {r.failures} time(s), more than its "
+                            f"max_restarts {r.job.max_restarts}")
+                r.end_time = self.clock
+                return False
         r.status = PENDING
         r.requeues += 1
         r.reason = reason
-        self.running.pop(jid, None)
         self.pending[jid] = None
+        return True
 
     def _release(self, r: JobRecord) -> None:
         assert r.placement is not None
@@ -279,17 +345,22 @@ class SchedulerStateMachine:
 
     def _register_node(self, cmd: dict[str, Any]) -> dict[str, Any]:
         node = Node.from_wire(cmd.get("node"))
+        agent = cmd.get("agent", "")
+        if not isinstance(agent, str) or len(agent) > 300:
+            raise SchedulingError("register_node: 'agent' must be a host:port string")
         old = self.nodes.get(node.name)
         if old is not None and self._jobs_on(node.name):
             if old.node != node:
                 raise SchedulingError(f"node {node.name} has running jobs; its inventory cannot change")
             old.alive = True
             old.last_heartbeat = float(cmd.get("now", self.clock))
+            old.agent = agent
             self.index.set_schedulable(node.name, not old.drained)
             return {"ok": True, "node": node.name}
         drained = old.drained if old is not None else False
         self.index.add_node(node, schedulable=not drained)
-        self.nodes[node.name] = NodeStatus(node, True, drained, float(cmd.get("now", self.clock)))
+        self.nodes[node.name] = NodeStatus(node, True, drained, float(cmd.get("now", self.clock)),
+                                           agent=agent)
         return {"ok": True, "node": node.name}
 
     def _heartbeat(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -301,20 +372,23 @@ class SchedulerStateMachine:
         if not isinstance(bad, list) or not all(isinstance(i, int) and i in known for i in bad):
             raise SchedulingError(f"heartbeat {st.node.name}: 'unhealthy' must list device indices of the node")
         st.last_heartbeat = max(st.last_heartbeat, float(cmd.get("now", self.clock)))
-        requeued = []
+        requeued: list[str] = []
+        ended: list[str] = []
         newly_bad = [i for i in bad if i not in st.unhealthy]
         for jid in self._jobs_on(st.node.name):
             p = self.jobs[jid].placement
             assert p is not None
             if any(t.node == st.node.name and set(t.devices) & set(newly_bad) for t in p.tasks):
-                self._requeue(jid, f"device failed on {st.node.name}")
-                requeued.append(jid)
+                if self._requeue(jid, f"device failed on {st.node.name}", failure=True):
+                    requeued.append(jid)
+                else:
+                    ended.append(jid)
         for i in newly_bad:
             self.index.set_health(st.node.name, i, False)
         for i in [i for i in st.unhealthy if i not in bad]:
             self.index.set_health(st.node.name, i, True, self._used_milli(st.node.name, i))
         st.unhealthy = sorted(bad)
-        return {"ok": True, "requeued": requeued}
+        return {"ok": True, "requeued": requeued, "ended": ended}
 
     def _used_milli(self, node: str, index: int) -> int:
         used = 0
@@ -336,7 +410,7 @@ class SchedulerStateMachine:
 
     def _cancel_job(self, cmd: dict[str, Any]) -> dict[str, Any]:
         r = self._job(cmd)
-        if r.status in (SUCCEEDED, FAILED, CANCELLED):
+        if r.status in ENDED:
             raise SchedulingError(f"job {r.job.id} already ended ({r.status})")
         if r.status == RUNNING:
             self._release(r)
@@ -356,6 +430,51 @@ class SchedulerStateMachine:
         r.end_time = float(cmd.get("now", self.clock))
         return {"ok": True}
 
+    def _task_status(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        r = self._job(cmd)
+        attempt, rank, state = cmd.get("attempt"), cmd.get("rank"), cmd.get("state")
+        if not isinstance(attempt, int) or not isinstance(rank, int) or state not in TASK_STATES[1:]:
+            raise SchedulingError("task_status needs an int 'attempt' and 'rank' and a 'state' "
+                                  "of running, exited or lost")
+        if r.status != RUNNING or attempt != r.starts:
+            raise SchedulingError(f"job {r.job.id} attempt {attempt} is not running "
+                                  f"(the job is {r.status} at attempt {r.starts})")
+        if not 0 <= rank < len(r.tasks):
+            raise SchedulingError(f"job {r.job.id} has no rank {rank}")
+        t = r.tasks[rank]
+        node = cmd.get("node")
+        if node != t.node:
+            raise SchedulingError(f"job {r.job.id} rank {rank} runs on {t.node}, not {node!r}")
+        code = cmd.get("exit_code")
+        if state == "exited" and (isinstance(code, bool) or not isinstance(code, int)):
+            raise SchedulingError("an exited task needs an int 'exit_code'")
+        now = float(cmd.get("now", self.clock))
+        reason = str(cmd.get("reason", ""))[:512]
+        if t.state in ("exited", "lost"):
+            return {"ok": True}  # already final (a late 'running' report)
+        if state == "running":
+            t.state, t.start_time = "running", now
+            return {"ok": True}
+        t.state, t.end_time, t.reason = state, now, reason
+        if t.start_time is None:
+            t.start_time = now
+        self.clock = max(self.clock, now)
+        if state == "lost":
+            self._requeue(r.job.id, f"rank {rank} lost on {t.node}: {reason or 'agent restarted'}")
+            return {"ok": True, "requeued": [r.job.id]}
+        t.exit_code = code
+        if code != 0:
+            why = f"rank {rank} exited with {code}" + (f" ({reason})" if reason else "")
+            if self._requeue(r.job.id, why, failure=True):
+                return {"ok": True, "requeued": [r.job.id]}
+            return {"ok": True, "ended": [r.job.id]}
+        if all(x.state == "exited" and x.exit_code == 0 for x in r.tasks):
+            self._release(r)
+            self.running.pop(r.job.id, None)
+            r.status, r.end_time, r.reason = SUCCEEDED, now, ""
+            return {"ok": True, "ended": [r.job.id]}
+        return {"ok": True}
+
     def _checkpoint(self, cmd: dict[str, Any]) -> dict[str, Any]:
         r = self._job(cmd)
         if r.status != RUNNING:
@@ -366,12 +485,15 @@ class SchedulerStateMachine:
     def _node_dead(self, cmd: dict[str, Any]) -> dict[str, Any]:
         st = self._node(cmd)
         requeued = []
+        ended = []
         for jid in self._jobs_on(st.node.name):
-            self._requeue(jid, f"node {st.node.name} died")
-            requeued.append(jid)
+            if self._requeue(jid, f"node {st.node.name} died", failure=True):
+                requeued.append(jid)
+            else:
+                ended.append(jid)
         st.alive = False
         self.index.set_schedulable(st.node.name, False)
-        return {"ok": True, "requeued": requeued}
+        return {"ok": True, "requeued": requeued, "ended": ended}
 
     def _drain(self, cmd: dict[str, Any]) -> dict[str, Any]:
         st = self._node(cmd)
@@ -429,6 +551,8 @@ class SchedulerStateMachine:
             r.start_time = now
             r.starts += 1
             r.reason = ""
+            r.end_time = None
+            r.tasks = [TaskRecord(t.rank, t.node) for t in p.tasks]
             r.master_port = self._alloc_port(p.tasks[0].node)
             self.pending.pop(p.job_id, None)
             self.running[p.job_id] = None
