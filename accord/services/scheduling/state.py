@@ -20,8 +20,10 @@ job_finished, task_status, checkpoint, node_dead, drain, undrain, set_queue, set
 Tasks: each placement is the job's ``starts``-th *attempt*; its tasks start as
 ``placed``, and the agents running them report (``task_status``) ``running`` and then
 ``exited`` with the exit code, or ``lost`` (the agent restarted and could not keep it).
-A report for another attempt, or for a job no longer running, is refused (the agent
-then stops that task). The job succeeds when every task exited 0; the first non-zero
+A report for another attempt, or a ``running`` report for a job no longer running, is
+refused (the agent then stops that task); an ``exited`` report for the last attempt of
+a job that ended meanwhile (cancelled, failed) is recorded and changes nothing else, so
+``jobs show`` tells how each stopped task ended. The job succeeds when every task exited 0; the first non-zero
 exit is a *failure*, as are its node dying and one of its devices failing: a failure
 requeues the job while ``failures <= max_restarts``, after that the job is ``held``
 (``failed`` when ``max_restarts`` is 0) and stays put; devices are freed in every case.
@@ -294,10 +296,6 @@ class SchedulerStateMachine:
             return False
         self._release(r)
         self.running.pop(jid, None)
-        for t in r.tasks:
-            if t.state in ("placed", "running"):
-                t.state, t.end_time = "lost", self.clock
-                t.reason = t.reason or reason
         if failure:
             r.failures += 1
             if r.failures > r.job.max_restarts:
@@ -436,7 +434,7 @@ class SchedulerStateMachine:
         if not isinstance(attempt, int) or not isinstance(rank, int) or state not in TASK_STATES[1:]:
             raise SchedulingError("task_status needs an int 'attempt' and 'rank' and a 'state' "
                                   "of running, exited or lost")
-        if r.status != RUNNING or attempt != r.starts:
+        if attempt != r.starts or (r.status != RUNNING and state == "running"):
             raise SchedulingError(f"job {r.job.id} attempt {attempt} is not running "
                                   f"(the job is {r.status} at attempt {r.starts})")
         if not 0 <= rank < len(r.tasks):
@@ -459,6 +457,11 @@ class SchedulerStateMachine:
         if t.start_time is None:
             t.start_time = now
         self.clock = max(self.clock, now)
+        if r.status != RUNNING:
+            # The attempt already ended (cancelled, failed, requeued): record how its task
+            # ended, change nothing else.
+            t.exit_code = code if state == "exited" else None
+            return {"ok": True}
         if state == "lost":
             self._requeue(r.job.id, f"rank {rank} lost on {t.node}: {reason or 'agent restarted'}")
             return {"ok": True, "requeued": [r.job.id]}
@@ -487,6 +490,10 @@ class SchedulerStateMachine:
         requeued = []
         ended = []
         for jid in self._jobs_on(st.node.name):
+            for t in self.jobs[jid].tasks:
+                if t.node == st.node.name and t.state in ("placed", "running"):
+                    t.state, t.reason = "lost", f"node {st.node.name} died"
+                    t.end_time = float(cmd.get("now", self.clock))
             if self._requeue(jid, f"node {st.node.name} died", failure=True):
                 requeued.append(jid)
             else:

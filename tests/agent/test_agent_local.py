@@ -1,0 +1,124 @@
+"""NodeAgent against an in-process Scheduler server (one replica): tasks run, report, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from accord.agent.daemon import AgentConfig, NodeAgent
+from accord.proto import scheduling_pb2 as pb
+from accord.proto import scheduling_pb2_grpc
+from accord.services.scheduling.model import Node
+from accord.services.scheduling.replicated import SchedulerShard, ShardConfig, local_shard
+from accord.services.scheduling.servicer import add_scheduler_service
+from accord.services.scheduling.topology import make_node
+
+PY = sys.executable
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, SchedulerShard]]:
+    shard = local_shard(ShardConfig(cycle_interval=0.05, leader_grace=60.0))
+    srv = grpc.aio.server()
+    add_scheduler_service(srv, shard)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    await srv.start()
+    shard.start()
+    try:
+        yield f"127.0.0.1:{port}", shard
+    finally:
+        await shard.stop()
+        await srv.stop(0)
+
+
+async def until(pred: Any, what: str, timeout: float = 30.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0.05)
+
+
+def cpu_node(name: str) -> Node:
+    return Node(name, "127.0.0.1", 4000, 4096)
+
+
+async def submit(ep: str, spec: pb.JobSpec) -> None:
+    async with grpc.aio.insecure_channel(ep) as ch:
+        stub: Any = scheduling_pb2_grpc.SchedulerStub(ch)  # type: ignore[no-untyped-call]
+        await stub.SubmitJob(pb.SubmitJobRequest(job=spec), timeout=10)
+
+
+async def test_tasks_run_report_and_succeed_or_fail(server: tuple[str, SchedulerShard],
+                                                    tmp_path: Path) -> None:
+    ep, shard = server
+    cfg = AgentConfig(heartbeat=0.2, reconcile=0.5, listen="127.0.0.1:0")
+    agent = NodeAgent([ep], cpu_node("cpu-1"), tmp_path / "a", cfg)
+    await agent.start()
+    try:
+        await submit(ep, pb.JobSpec(id="ok", tasks=2, devices_per_task=0, cpu_milli=1000,
+                                    command=[PY, "-c", "import os; print(os.environ['NODE_RANK'])"]))
+        await until(lambda: shard.sm.jobs["ok"].status == "succeeded", "ok to succeed")
+        rec = shard.sm.jobs["ok"]
+        assert [(t.state, t.exit_code) for t in rec.tasks] == [("exited", 0), ("exited", 0)]
+        assert all(t.start_time and t.end_time for t in rec.tasks)
+        out = (tmp_path / "a/tasks/ok.r1.a1/stdout.log").read_text()
+        assert out == "1\n"
+        # One rank fails: the job fails (max_restarts 0), the other rank is stopped.
+        await submit(ep, pb.JobSpec(
+            id="bad", tasks=2, devices_per_task=0, cpu_milli=1000, max_restarts=0, grace=5,
+            command=[PY, "-c", "import os, sys, time; r = int(os.environ['NODE_RANK']); "
+                               "time.sleep(0.3) if r else time.sleep(60); sys.exit(1)"]))
+        await until(lambda: shard.sm.jobs["bad"].status == "failed", "bad to fail")
+        await until(lambda: not agent.tasks, "the other rank to be stopped")
+        assert "rank 1 exited with 1" in shard.sm.jobs["bad"].reason
+        assert shard.sm.running == {} and "bad" not in shard.sm.pending
+        # Retries: a job failing every time is held after max_restarts requeues.
+        await submit(ep, pb.JobSpec(id="flaky", tasks=1, devices_per_task=0, cpu_milli=1000,
+                                    max_restarts=2, command=[PY, "-c", "raise SystemExit(3)"]))
+        await until(lambda: shard.sm.jobs["flaky"].status == "held", "flaky to be held")
+        r = shard.sm.jobs["flaky"]
+        assert (r.starts, r.failures, r.requeues) == (3, 3, 2)
+    finally:
+        await agent.stop()
+
+
+async def test_cancel_and_preemption_stop_tasks(server: tuple[str, SchedulerShard],
+                                                tmp_path: Path) -> None:
+    ep, shard = server
+    cfg = AgentConfig(heartbeat=0.2, reconcile=0.5, listen="127.0.0.1:0")
+    agent = NodeAgent([ep], make_node("gpu-1", gpus=1, address="127.0.0.1"), tmp_path / "a", cfg)
+    await agent.start()
+    victim = ("import json, os, signal, sys, time\n"
+              "def term(*a):\n"
+              "    p = os.environ['ACCORD_PREEMPT_FILE']\n"
+              "    print('preempted' if os.path.exists(p) else 'cancelled', flush=True)\n"
+              "    sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM, term)\n"
+              "print('ready', flush=True)\n"
+              "while True: time.sleep(0.05)\n")
+    try:
+        await submit(ep, pb.JobSpec(id="low", devices_per_task=1, preemptible=True,
+                                    command=[PY, "-c", victim]))
+        log1 = tmp_path / "a/tasks/low.r0.a1/stdout.log"
+        await until(lambda: log1.exists() and "ready" in log1.read_text(), "low to run")
+        await submit(ep, pb.JobSpec(id="high", devices_per_task=1, priority=10,
+                                    command=[PY, "-c", "print('high')"]))
+        await until(lambda: shard.sm.jobs["high"].status == "succeeded", "high to succeed")
+        assert "preempted" in (tmp_path / "a/tasks/low.r0.a1/stdout.log").read_text()
+        log2 = tmp_path / "a/tasks/low.r0.a2/stdout.log"
+        await until(lambda: log2.exists() and "ready" in log2.read_text(), "low to run again")
+        assert shard.sm.jobs["low"].starts == 2
+        async with grpc.aio.insecure_channel(ep) as ch:
+            stub: Any = scheduling_pb2_grpc.SchedulerStub(ch)  # type: ignore[no-untyped-call]
+            await stub.CancelJob(pb.CancelJobRequest(job_id="low"), timeout=10)
+        await until(lambda: not agent.tasks, "low to be stopped")
+        await until(lambda: "cancelled" in (tmp_path / "a/tasks/low.r0.a2/stdout.log").read_text(),
+                    "the cancelled task's handler to run")
+        assert shard.sm.jobs["low"].status == "cancelled"
+    finally:
+        await agent.stop()

@@ -1,0 +1,387 @@
+"""Real daemons, real agents (`accord nodes agent` processes) running real tasks on 127.0.0.1.
+
+The tasks are small Python programs. The agents either discover this machine (no
+accelerator: zero GPUs, its CPUs and memory) or make up a one-GPU node (``--fake``) so
+that GPU jobs, preemption and failover have something to compete for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from accord.proto import scheduling_pb2 as pb
+from tests.integration.cluster import ProcCluster
+from tests.integration.test_scheduling_cluster import call, job, shard_leader, wait_for
+
+PY = sys.executable
+CPU_TASK = 1500
+"""A CPU-only task's share: two never fit on one discovered node of this 2-CPU machine."""
+
+
+@dataclass
+class AgentProc:
+    """One `accord nodes agent` process, started and ended by PID."""
+
+    name: str
+    args: list[str]
+    state: Path
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started: list[str] = field(default_factory=list)
+
+    def start(self, endpoints: str) -> None:
+        cmd = [PY, "-m", "accord", "nodes", "agent", *self.args, "--endpoints", endpoints,
+               "--state-dir", str(self.state), "--listen", "127.0.0.1:0", "--interval", "0.3",
+               "--reconcile", "1", "--address", "127.0.0.1"]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def pid_of(self, job_id: str, rank: int = 0) -> int:
+        m = re.findall(rf"started {re.escape(job_id)}\.r{rank}\.a\d+ pid (\d+)", self.output())
+        assert m, f"{self.name} started no task of {job_id}: {self.output()[-2000:]}"
+        return int(m[-1])
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Agents:
+    def __init__(self, root: Path, endpoints: str) -> None:
+        self.root = root
+        self.endpoints = endpoints
+        self.all: dict[str, AgentProc] = {}
+
+    def start(self, name: str, *args: str) -> AgentProc:
+        a = self.all.get(name) or AgentProc(name, list(args), self.root / name,
+                                            self.root / f"{name}.agent.log")
+        self.all[name] = a
+        a.start(self.endpoints)
+        return a
+
+    def stop_all(self) -> None:
+        for a in self.all.values():
+            a.stop()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProcCluster, Agents]]:
+    root = tmp_path_factory.mktemp("agents")
+    c = ProcCluster(root, 3)
+    agents = Agents(root, c.endpoints)
+    try:
+        c.start_all()
+        # Two agents that discover this machine: CPU-only nodes.
+        for name in ("cpu-a", "cpu-b"):
+            agents.start(name, name)
+        wait_for(lambda: {"cpu-a", "cpu-b"} <= alive_nodes(c), "the CPU agents to register")
+        yield c, agents
+    finally:
+        agents.stop_all()
+        c.stop_all()
+
+
+def alive_nodes(c: ProcCluster) -> set[str]:
+    nodes = call(c, lambda s: s.ListNodes(pb.ListNodesRequest(), timeout=5.0)).nodes
+    return {n.spec.name for n in nodes if n.alive}
+
+
+def submit(c: ProcCluster, *argv: str) -> str:
+    """`accord jobs submit ARGV`; returns the job id it prints."""
+    out = cli(c, "jobs", "submit", *argv)
+    return out.split()[0]
+
+
+def cli(c: ProcCluster, *argv: str, check: bool = True) -> str:
+    p = subprocess.run([PY, "-m", "accord", *argv, "--endpoints", c.endpoints]
+                       if "--" not in argv else
+                       [PY, "-m", "accord", *argv[:argv.index("--")], "--endpoints", c.endpoints,
+                        *argv[argv.index("--"):]],
+                       capture_output=True, text=True, timeout=60)
+    if check:
+        assert p.returncode == 0, f"accord {' '.join(argv)}: {p.stderr}"
+    return p.stdout
+
+
+def status(c: ProcCluster, job_id: str) -> str:
+    return str(job(c, job_id).status)
+
+
+def tasks(c: ProcCluster, job_id: str) -> list[Any]:
+    return list(job(c, job_id).task_status)
+
+
+def script(tmp: Path, name: str, text: str) -> str:
+    p = tmp / name
+    p.write_text(text)
+    return str(p)
+
+
+ENV_DUMP = """
+import json, os
+keys = ["ACCORD_JOB_ID", "ACCORD_RANK", "NODE_RANK", "WORLD_SIZE", "NNODES", "MASTER_ADDR",
+        "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "ACCORD_PREEMPT_FILE"]
+print(json.dumps({k: os.environ.get(k) for k in keys} | {"cwd": os.getcwd()}))
+"""
+
+
+def test_gang_job_runs_both_ranks_with_rendezvous_env(world: tuple[ProcCluster, Agents],
+                                                      tmp_path: Path) -> None:
+    c, _ = world
+    prog = script(tmp_path, "env.py", ENV_DUMP)
+    jid = submit(c, "--id", "gang", "--tasks", "2", "--gpus", "0", "--cpu-milli", str(CPU_TASK),
+                 "--workdir", str(tmp_path), "--", PY, prog)
+    assert jid == "gang"
+    wait_for(lambda: status(c, jid) == "succeeded", "the gang job to succeed", 60)
+    ts = tasks(c, jid)
+    assert {t.node for t in ts} == {"cpu-a", "cpu-b"}
+    ports = set()
+    assert [(t.state, t.exit_code) for t in ts] == [("exited", 0), ("exited", 0)]
+    assert all(0 < t.start_time <= t.end_time for t in ts)
+    for rank in (0, 1):
+        env = json.loads(cli(c, "jobs", "logs", jid, "--rank", str(rank)))
+        assert env["ACCORD_JOB_ID"] == jid and env["ACCORD_RANK"] == str(rank)
+        assert env["NODE_RANK"] == str(rank) and env["WORLD_SIZE"] == "2" and env["NNODES"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert 29500 <= int(env["MASTER_PORT"]) < 30500  # the scheduler's rendezvous ports
+        ports.add(env["MASTER_PORT"])
+        assert env["CUDA_VISIBLE_DEVICES"] == ""  # a CPU-only task sees no GPU
+        assert env["cwd"] == str(tmp_path)
+    assert len(ports) == 1  # both ranks meet at the same master port
+    shown = cli(c, "jobs", "show", jid)
+    assert re.search(r"task 0 on cpu-\w: exited start \S+ end \S+ exit 0", shown), shown
+    assert re.search(r"task 1 on cpu-\w: exited start \S+ end \S+ exit 0", shown), shown
+
+
+TORCHRUN = """
+import os, socket, sys, time
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+rank, world = int(os.environ["NODE_RANK"]), int(os.environ["WORLD_SIZE"])
+if rank == 0:
+    srv = socket.create_server((addr, port))
+    srv.settimeout(60)
+    peers = []
+    while len(peers) < world - 1:
+        conn, _ = srv.accept()
+        peers.append((int(conn.recv(16).decode()), conn))
+    for r, conn in peers:
+        conn.sendall(f"hello {r} of {world}".encode())
+        conn.close()
+    print("master saw ranks", sorted(r for r, _ in peers))
+else:
+    for _ in range(600):
+        try:
+            s = socket.create_connection((addr, port), timeout=5)
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        sys.exit("no master")
+    s.sendall(str(rank).encode())
+    print(s.recv(64).decode())
+"""
+
+
+def test_torchrun_shaped_rendezvous_over_tcp(world: tuple[ProcCluster, Agents],
+                                             tmp_path: Path) -> None:
+    c, _ = world
+    prog = script(tmp_path, "rdzv.py", TORCHRUN)
+    jid = submit(c, "--id", "rdzv", "--tasks", "2", "--gpus", "0", "--cpu-milli", str(CPU_TASK),
+                 "--", PY, prog)
+    wait_for(lambda: status(c, jid) in ("succeeded", "failed", "held"), "the rendezvous", 90)
+    assert status(c, jid) == "succeeded", cli(c, "jobs", "show", jid)
+    assert {t.node for t in tasks(c, jid)} == {"cpu-a", "cpu-b"}
+    assert cli(c, "jobs", "logs", jid, "--rank", "0").strip() == "master saw ranks [1]"
+    assert cli(c, "jobs", "logs", jid, "--rank", "1").strip() == "hello 1 of 2"
+
+
+def test_one_rank_exiting_1_fails_the_job_and_stops_the_other(world: tuple[ProcCluster, Agents],
+                                                              tmp_path: Path) -> None:
+    c, _ = world
+    prog = script(tmp_path, "fail.py", """
+import os, signal, sys, time
+def term(*_):
+    print("rank 0 got SIGTERM", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, term)
+print("up", flush=True)
+if os.environ["NODE_RANK"] == "1":
+    time.sleep(1)
+    sys.exit(1)
+time.sleep(120)
+""")
+    jid = submit(c, "--id", "fail", "--tasks", "2", "--gpus", "0", "--cpu-milli", str(CPU_TASK),
+                 "--max-restarts", "0", "--", PY, prog)
+    wait_for(lambda: status(c, jid) == "failed", "the job to fail", 60)
+    assert "rank 1 exited with 1" in job(c, jid).reason
+    wait_for(lambda: tasks(c, jid)[0].state == "exited", "rank 0 to be stopped", 30)
+    ts = tasks(c, jid)
+    assert (ts[1].state, ts[1].exit_code) == ("exited", 1)
+    assert ts[0].exit_code == 143
+    assert "rank 0 got SIGTERM" in cli(c, "jobs", "logs", jid, "--rank", "0")
+    # Both nodes are free again: a job needing both runs.
+    again = submit(c, "--tasks", "2", "--gpus", "0", "--cpu-milli", str(CPU_TASK), "--", "true")
+    wait_for(lambda: status(c, again) == "succeeded", "a job on the freed nodes", 60)
+
+
+def test_cancel_kills_a_task_that_ignores_sigterm_after_the_grace(
+        world: tuple[ProcCluster, Agents], tmp_path: Path) -> None:
+    c, agents = world
+    prog = script(tmp_path, "stubborn.py", """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ignoring SIGTERM", flush=True)
+while True:
+    time.sleep(0.1)
+""")
+    jid = submit(c, "--id", "long", "--gpus", "0", "--cpu-milli", str(CPU_TASK), "--grace", "1",
+                 "--", PY, prog)
+    wait_for(lambda: "ignoring" in cli(c, "jobs", "logs", jid, check=False), "the task to run", 60)
+    node = tasks(c, jid)[0].node
+    pid = agents.all[node].pid_of(jid)
+    cancelled_at = time.time()
+    cli(c, "jobs", "cancel", jid)
+    wait_for(lambda: tasks(c, jid)[0].state == "exited", "the task to be killed", 30)
+    t = tasks(c, jid)[0]
+    assert t.exit_code == -signal.SIGKILL  # it ignored SIGTERM: killed when the grace ran out
+    assert t.end_time - cancelled_at >= 1.0
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert status(c, jid) == "cancelled"
+
+
+CHECKPOINTER = """
+import json, os, signal, sys, time
+def term(*_):
+    p = os.environ["ACCORD_PREEMPT_FILE"]
+    if os.path.exists(p):
+        print("checkpointing:", json.load(open(p))["reason"], flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+print("training attempt", os.environ["ACCORD_ATTEMPT"], flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_preemption_stops_the_victim_runs_the_new_job_and_requeues_the_victim(
+        world: tuple[ProcCluster, Agents], tmp_path: Path) -> None:
+    c, agents = world
+    gpu = agents.start("gpu-p", "--fake", "gpu-p", "--gpus", "1")
+    try:
+        wait_for(lambda: "gpu-p" in alive_nodes(c), "the GPU agent to register")
+        prog = script(tmp_path, "ckpt.py", CHECKPOINTER)
+        low = submit(c, "--id", "low", "--gpus", "1", "--preemptible", "--grace", "10", "--",
+                     PY, prog)
+        wait_for(lambda: "attempt 1" in cli(c, "jobs", "logs", low, check=False),
+                 "the victim to train", 60)
+        high = submit(c, "--id", "high", "--gpus", "1", "--priority", "10", "--", PY, "-c",
+                      "print('urgent work done')")
+        wait_for(lambda: status(c, high) == "succeeded", "the high-priority job to run", 60)
+        assert "checkpointing: preempted" in cli(c, "jobs", "logs", low, "--attempt", "1")
+        assert cli(c, "jobs", "logs", high).strip() == "urgent work done"
+        wait_for(lambda: "attempt 2" in cli(c, "jobs", "logs", low, check=False),
+                 "the victim to be requeued and run again", 60)
+        info = job(c, low)
+        assert (info.status, info.starts, info.requeues, info.failures) == ("running", 2, 1, 0)
+        cli(c, "jobs", "cancel", low)
+        wait_for(lambda: tasks(c, low)[0].state == "exited", "the victim to stop", 30)
+    finally:
+        gpu.stop()
+
+
+def test_agent_kill_9_requeues_onto_another_agent_and_a_restart_kills_leftovers(
+        world: tuple[ProcCluster, Agents], tmp_path: Path) -> None:
+    c, agents = world
+    k1 = agents.start("gpu-k1", "--fake", "gpu-k1", "--gpus", "1", "--model", "K80")
+    k2 = agents.start("gpu-k2", "--fake", "gpu-k2", "--gpus", "1", "--model", "K80")
+    try:
+        wait_for(lambda: {"gpu-k1", "gpu-k2"} <= alive_nodes(c), "the K80 agents to register")
+        prog = script(tmp_path, "work.py", CHECKPOINTER)
+        jid = submit(c, "--id", "moves", "--gpus", "1", "--selector", "model == K80", "--",
+                     PY, prog)
+        wait_for(lambda: "attempt 1" in cli(c, "jobs", "logs", jid, check=False), "it to run", 60)
+        first = tasks(c, jid)[0].node
+        victim, other = (k1, k2) if first == "gpu-k1" else (k2, k1)
+        orphan = victim.pid_of(jid)
+        victim.kill()
+        wait_for(lambda: job(c, jid).starts == 2 and tasks(c, jid)[0].node == other.name,
+                 "the job to be requeued onto the other agent", 60)
+        wait_for(lambda: "attempt 2" in cli(c, "jobs", "logs", jid, check=False),
+                 "it to run on the other agent", 60)
+        moved = job(c, jid)
+        assert (moved.requeues, moved.failures) == (1, 1)  # a node death counts as a failure
+        os.kill(orphan, 0)  # the dead agent's task outlived it (its own session)
+        victim.start(c.endpoints)
+        wait_for(lambda: f"killed leftover {jid}.r0.a1 pid {orphan}" in victim.output(),
+                 "the restarted agent to kill its leftover", 60)
+        wait_for(lambda: not _alive(orphan), "the leftover to be gone", 30)
+        assert status(c, jid) == "running" and tasks(c, jid)[0].node == other.name
+        cli(c, "jobs", "cancel", jid)
+    finally:
+        k1.stop()
+        k2.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_scheduler_leader_kill_mid_run_loses_no_task_state(world: tuple[ProcCluster, Agents],
+                                                           tmp_path: Path) -> None:
+    c, _ = world
+    prog = script(tmp_path, "steady.py", """
+import os, time
+print("rank", os.environ["NODE_RANK"], "up", flush=True)
+time.sleep(4)
+print("rank", os.environ["NODE_RANK"], "done", flush=True)
+""")
+    jid = submit(c, "--id", "steady", "--tasks", "2", "--gpus", "0", "--cpu-milli", str(CPU_TASK),
+                 "--", PY, prog)
+    wait_for(lambda: [t.state for t in tasks(c, jid)] == ["running", "running"],
+             "both ranks to report running", 60)
+    started = [t.start_time for t in tasks(c, jid)]
+    leader = shard_leader(c)
+    c.kill(leader)
+    try:
+        wait_for(lambda: status(c, jid) == "succeeded", "the job to finish after the failover", 90)
+        ts = tasks(c, jid)
+        assert [(t.state, t.exit_code) for t in ts] == [("exited", 0), ("exited", 0)]
+        assert [t.start_time for t in ts] == started  # recorded before the kill, still there
+        assert all(t.end_time - t.start_time >= 4.0 for t in ts)
+        assert job(c, jid).starts == 1 and job(c, jid).requeues == 0
+    finally:
+        c.start(leader)
+        c.wait_serving(leader)
