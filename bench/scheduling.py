@@ -25,8 +25,11 @@ Three parts, all through the real placement code and state machine:
    asks for less than the full cluster even all at once); allocation, idle GPUs
    while jobs wait, fragmentation, queueing delay, JCT, cycle latency.
 3. scale: 1,250 nodes x 8 GPUs with 1,000 queued jobs; per-cycle latency.
+4. live (``--live``, or ``--live-only``): a real 3-member cluster, 64 node agents in one
+   process, 1,000 short real jobs; jobs/s placed and started, submit->start latency,
+   CPU per job (``bench/scheduling_live.py``).
 
-Usage: python bench/scheduling.py [--traces DIR] [--quick] [--csv JOBS.csv]
+Usage: python bench/scheduling.py [--traces DIR] [--quick] [--csv JOBS.csv] [--live|--live-only]
 The last line printed is one JSON object with the figures.
 """
 
@@ -189,7 +192,18 @@ def main() -> None:
     ap.add_argument("--csv", help="also replay a plain job CSV (arrival,gpus,duration|steps[,gpu_type])")
     ap.add_argument("--csv-nodes", type=int, default=64, help="8-GPU nodes for --csv replay")
     ap.add_argument("--load", type=float, default=1.3, help="offered load for the replay")
+    ap.add_argument("--live", action="store_true", help="also run the live cell (real daemons)")
+    ap.add_argument("--live-only", action="store_true", help="run only the live cell")
+    ap.add_argument("--live-agents", type=int, default=64)
+    ap.add_argument("--live-jobs", type=int, default=1000)
     args = ap.parse_args()
+    if args.live_only:
+        from bench.scheduling_live import run_live, table
+
+        live = run_live(args.live_agents, args.live_jobs)
+        print(table(live))
+        print(json.dumps({"live": live}, sort_keys=True))
+        return
     try:
         tdir = traces.traces_dir(args.traces)
     except FileNotFoundError as e:
@@ -221,6 +235,11 @@ def main() -> None:
         figures["csv"] = part_replay(jobs, cl, Path(args.csv).name, args.load,
                                      ["accord", "fifo-backfill", "fifo-first-fit"])
     figures["scale"] = part_scale(10 if args.quick else 30)
+    if args.live:
+        from bench.scheduling_live import run_live, table
+
+        figures["live"] = run_live(args.live_agents, args.live_jobs)
+        print(table(figures["live"]))
     figures["wall_s"] = _r(time.perf_counter() - t_all, 1)
     sat = figures["saturation"]
     rep = figures["replay"]

@@ -1,6 +1,6 @@
 """The node agent: registers the machine, runs the tasks placed on it, reports them.
 
-``NodeAgent`` owns four loops and the tasks' processes:
+``NodeAgent`` owns three loops, the report deliveries and the tasks' processes:
 
 - heartbeat: every ``heartbeat`` seconds, with the devices discovery holds unhealthy
   (re-checked every ``health_interval``); a node the scheduler declared dead registers
@@ -16,9 +16,10 @@
   task here (``ListJobs(node=...)``): tasks missing here start, tasks here the list no
   longer holds stop. This covers events a broken stream missed. A task started after
   the list was requested is left alone (the list may predate its placement).
-- report: task state changes (``running``, ``exited`` with the exit code, ``lost``) go
-  to the scheduler in order, each with a fixed request id and retried until the
-  scheduler answers; a refusal (the job moved on) drops the report.
+- reports: task state changes (``running``, ``exited`` with the exit code, ``lost``) go
+  to the scheduler in order per task (tasks report in parallel), each with a fixed
+  request id and retried until the scheduler answers; a refusal (the job moved on)
+  drops the report.
 
 On start, tasks an earlier life of the agent left running (``runner.leftovers``) are
 killed: the agent cannot supervise processes that are not its children, so a task the
@@ -122,7 +123,8 @@ class NodeAgent:
         self.endpoint = ""
         self.last_ok = time.monotonic()
         self.on_event = on_event or (lambda line: None)
-        self._reports: asyncio.Queue[Report] = asyncio.Queue()
+        self._last_report: dict[TaskKey, asyncio.Task[None]] = {}
+        self._delivering: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._server: grpc.aio.Server | None = None
         self._finished = asyncio.Event()
@@ -147,7 +149,7 @@ class NodeAgent:
         await self._clear_leftovers()
         self._loops = [asyncio.create_task(c, name=f"agent-{n}") for n, c in (
             ("heartbeat", self._heartbeat_loop()), ("watch", self._watch_loop()),
-            ("reconcile", self._reconcile_loop()), ("report", self._report_loop()))]
+            ("reconcile", self._reconcile_loop()))]
 
     async def wait(self) -> None:
         """Until ``max_beats`` heartbeats were sent (forever when 0)."""
@@ -168,9 +170,10 @@ class NodeAgent:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):
                     await self._drain_reports()
-        for task in self._loops:
+        pending = [*self._loops, *self._delivering]
+        for task in pending:
             task.cancel()
-        for task in self._loops:
+        for task in pending:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._loops = []
@@ -321,7 +324,7 @@ class NodeAgent:
             self.on_event(f"killed leftover {left.key.dirname} pid {left.pid}")
             if left.key in want:
                 self.done[left.key] = None
-                self._reports.put_nowait(Report(left.key, "lost", reason="agent restarted"))
+                self._report(Report(left.key, "lost", reason="agent restarted"))
 
     # ----- tasks -----------------------------------------------------------------------------
 
@@ -362,17 +365,17 @@ class NodeAgent:
             pid = await t.proc.start()
         except OSError as e:
             self.on_event(f"task {key.dirname} could not start: {e}")
-            self._reports.put_nowait(Report(key, "exited", 127, f"cannot start: {e}"[:500]))
+            self._report(Report(key, "exited", 127, f"cannot start: {e}"[:500]))
             self._finish(key)
             return
         self.on_event(f"started {key.dirname} pid {pid}")
-        self._reports.put_nowait(Report(key, "running"))
+        self._report(Report(key, "running"))
         code = await t.proc.wait()
         self.on_event(f"exited {key.dirname} code {code}")
         if self._stopping:
-            self._reports.put_nowait(Report(key, "lost", reason="agent stopped"))
+            self._report(Report(key, "lost", reason="agent stopped"))
         else:
-            self._reports.put_nowait(Report(key, "exited", code,
+            self._report(Report(key, "exited", code,
                                             "stopped by the agent" if t.proc.stopping else ""))
         self._finish(key)
 
@@ -419,22 +422,32 @@ class NodeAgent:
         self.last_ok = time.monotonic()
         return True
 
-    async def _report_loop(self) -> None:
-        while True:
-            r = await self._reports.get()
-            delay = 0.1
-            while not await self._send(r):
-                await asyncio.sleep(delay)
-                delay = min(2.0, delay * 2)
-            self._reports.task_done()
+    def _report(self, r: Report) -> None:
+        """Send ``r`` after the earlier reports of the same task (tasks report in parallel)."""
+        prev = self._last_report.get(r.key)
+        t = asyncio.create_task(self._deliver(r, prev), name=f"report-{r.key.dirname}")
+        self._last_report[r.key] = t
+        self._delivering.add(t)
+        t.add_done_callback(self._delivered)
+
+    def _delivered(self, t: asyncio.Task[None]) -> None:
+        self._delivering.discard(t)
+        for key, last in list(self._last_report.items()):
+            if last is t:
+                del self._last_report[key]
+
+    async def _deliver(self, r: Report, prev: asyncio.Task[None] | None) -> None:
+        if prev is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(prev)
+        delay = 0.1
+        while not await self._send(r):
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 2)
 
     async def _drain_reports(self) -> None:
-        if any(not t.done() for t in self._loops):
-            await self._reports.join()
-            return
-        while not self._reports.empty():
-            await self._send(self._reports.get_nowait())
-
+        while self._delivering:
+            await asyncio.gather(*list(self._delivering), return_exceptions=True)
 
 async def run_agent(agent: NodeAgent, stop: asyncio.Event) -> None:
     """Start ``agent``, run until ``stop`` is set or its heartbeats are done, then stop it."""
