@@ -122,3 +122,96 @@ async def test_cancel_and_preemption_stop_tasks(server: tuple[str, SchedulerShar
         assert shard.sm.jobs["low"].status == "cancelled"
     finally:
         await agent.stop()
+
+
+async def test_unhealthy_device_is_reported_and_avoided(server: tuple[str, SchedulerShard],
+                                                        tmp_path: Path) -> None:
+    from accord.agent.discovery.inventory import Discoverer
+    from tests.agent import fakes, sysfs
+
+    ep, shard = server
+    sysfs.two_socket_host(tmp_path / "root")
+    nvml = fakes.hgx_h100()
+    disc = Discoverer("hgx", "127.0.0.1", nvml=nvml, root=tmp_path / "root")
+    inv = disc.inventory()
+    cfg = AgentConfig(heartbeat=0.1, reconcile=0.5, health_interval=0.2, listen="127.0.0.1:0")
+    agent = NodeAgent([ep], inv.node, tmp_path / "a", cfg, discoverer=disc)
+    await agent.start()
+    try:
+        await until(lambda: "hgx" in shard.sm.nodes, "registration")
+        nvml.xid(3, 79)  # GPU 3 falls off the bus
+        await until(lambda: shard.sm.nodes["hgx"].unhealthy == [3], "the heartbeat to report it")
+        await submit(ep, pb.JobSpec(id="seven", devices_per_task=7, command=["true"]))
+        await until(lambda: shard.sm.jobs["seven"].status == "succeeded", "seven to run")
+        p = shard.sm.jobs["seven"].tasks
+        assert p and p[0].node == "hgx"
+        # Placement never used the failed device; eight no longer fit.
+        await submit(ep, pb.JobSpec(id="eight-a", devices_per_task=7, command=["sleep", "30"]))
+        await until(lambda: shard.sm.jobs["eight-a"].status == "running", "eight-a to run")
+        assert 3 not in shard.sm.jobs["eight-a"].placement.tasks[0].devices  # type: ignore[union-attr]
+    finally:
+        await agent.stop()
+        disc.close()
+
+
+async def test_orphaned_tasks_run_until_the_timeout_then_stop(tmp_path: Path) -> None:
+    shard = local_shard(ShardConfig(cycle_interval=0.05, leader_grace=60.0))
+    srv = grpc.aio.server()
+    add_scheduler_service(srv, shard)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    await srv.start()
+    shard.start()
+    ep = f"127.0.0.1:{port}"
+    cfg = AgentConfig(heartbeat=0.1, reconcile=0.3, orphan_timeout=2.0, listen="127.0.0.1:0")
+    agent = NodeAgent([ep], cpu_node("cpu-o"), tmp_path / "a", cfg)
+    await agent.start()
+    try:
+        await submit(ep, pb.JobSpec(id="o", devices_per_task=0, cpu_milli=1000,
+                                    command=[PY, "-c", "import time; time.sleep(120)"]))
+        await until(lambda: agent.tasks and all(t.proc.pid for t in agent.tasks.values()),
+                    "the task to start")
+        await srv.stop(0)  # the cluster goes away
+        await shard.stop()
+        lost_at = asyncio.get_running_loop().time()
+        await asyncio.sleep(1.0)
+        assert agent.tasks, "a blip must not stop tasks"
+        await until(lambda: not agent.tasks, "the orphan timeout to stop the task", 30)
+        assert asyncio.get_running_loop().time() - lost_at >= 2.0
+        out = (tmp_path / "a/tasks/o.r0.a1")
+        assert out.is_dir()
+    finally:
+        await agent.stop(report=False)
+
+
+async def test_logs_through_the_agent_follow_until_the_task_ends(
+        server: tuple[str, SchedulerShard], tmp_path: Path) -> None:
+    from accord.proto import agent_pb2, agent_pb2_grpc
+
+    ep, shard = server
+    cfg = AgentConfig(heartbeat=0.2, reconcile=0.5, listen="127.0.0.1:0")
+    agent = NodeAgent([ep], cpu_node("cpu-l"), tmp_path / "a", cfg)
+    await agent.start()
+    try:
+        prog = "import time\nfor i in range(5):\n    print(i, flush=True)\n    time.sleep(0.3)\n"
+        await submit(ep, pb.JobSpec(id="talk", devices_per_task=0, cpu_milli=1000,
+                                    command=[PY, "-c", prog]))
+        await until(lambda: bool(agent.tasks), "the task to start")
+        async with grpc.aio.insecure_channel(agent.endpoint) as ch:
+            stub: Any = agent_pb2_grpc.AgentStub(ch)  # type: ignore[no-untyped-call]
+            got = b""
+            async for chunk in stub.ReadLog(agent_pb2.ReadLogRequest(job_id="talk", follow=True),
+                                            timeout=30):
+                got += chunk.data
+                assert chunk.attempt == 1
+            assert got == b"0\n1\n2\n3\n4\n"
+            # From an offset, without follow; an unknown task is NOT_FOUND.
+            rest = [c.data async for c in stub.ReadLog(
+                agent_pb2.ReadLogRequest(job_id="talk", offset=4), timeout=10)]
+            assert b"".join(rest) == b"2\n3\n4\n"
+            with pytest.raises(grpc.RpcError) as e:
+                async for _ in stub.ReadLog(agent_pb2.ReadLogRequest(job_id="nope"), timeout=10):
+                    pass
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert shard.sm.nodes["cpu-l"].agent == agent.endpoint
+    finally:
+        await agent.stop()

@@ -28,7 +28,9 @@ def test_hgx_h100_is_one_nvswitch_island_on_two_numa_nodes(tmp_path: Path) -> No
     d0 = node.devices[0]
     assert (d0.vendor, d0.model, d0.memory, d0.arch, d0.capability) == (
         "nvidia", "NVIDIA H100 80GB HBM3", 81559 * 2**20, "sm_90", 9.0)
-    assert dict(d0.attributes)["uuid"] == "GPU-h100-0000"
+    assert inv.uuids[0] == "GPU-h100-0000" and d0.attributes == ()
+    assert {d.class_key() for d in node.devices} == {d0.class_key()}  # one class: gangs fit
+    assert {d.pcie_switch for d in node.devices} == {0}  # sysfs shows no switch for them
     assert {d.island for d in node.devices} == {0}
     assert [d.numa for d in node.devices] == [0] * 4 + [1] * 4
     assert inv.cpus[0] == "0-55" and inv.cpus[7] == "56-111"
@@ -100,7 +102,7 @@ def test_kfd_sysfs_without_the_library(tmp_path: Path) -> None:
     assert {d.arch for d in devs} == {"gfx90a"} and devs[0].memory == 64 * GIB
     assert [d.island for d in devs] == [0, 0, 1, 1]
     assert [d.numa for d in devs] == [0, 0, 1, 1]
-    assert dict(devs[1].attributes)["uuid"] == f"{0xABC1:016x}"
+    assert inv.uuids[1] == f"{0xABC1:016x}"
 
 
 def test_intel_sysfs_discrete_cards_in_pci_order(tmp_path: Path) -> None:

@@ -93,8 +93,6 @@ def probe(lib: Any) -> list[Found]:
         ecc = _try(lib, "amdsmi_get_gpu_total_ecc_count", h) or {}
         if int(ecc.get("uncorrectable_count", 0) or 0) > 0:
             f.unhealthy = f"{ecc['uncorrectable_count']} uncorrectable ECC error(s)"
-        if f.uuid:
-            f.extra["uuid"] = f.uuid
         out.append(f)
     return out
 
@@ -155,7 +153,6 @@ def probe_sysfs(sysfs: Path = Path("/sys")) -> list[Found]:
         uid = p.get("unique_id", 0)
         if uid:
             f.uuid = f"{uid:016x}"
-            f.extra["uuid"] = f.uuid
         out.append(f)
     return out
 

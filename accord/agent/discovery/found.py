@@ -35,7 +35,9 @@ class Found:
     mig: tuple[str, ...] = ()
     """UUIDs of the MIG instances on the device (MIG mode on), else empty."""
     extra: dict[str, str | int | float | bool] = field(default_factory=dict)
-    """More selector attributes (``mig``, ``uuid``...)."""
+    """More selector attributes (``mig``, ``mig_instances``). Never a per-device value such
+    as the UUID: devices with different attributes are different classes to placement,
+    and a multi-device task takes devices of one class."""
 
 
 def cpu_list(indices: list[int] | set[int]) -> str:

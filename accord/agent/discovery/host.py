@@ -146,14 +146,14 @@ def pcie_switch(bus: str, root: Path = Path("/")) -> str:
     """The upstream bridge a PCI device hangs behind (``""`` when sysfs does not say)."""
     if not _BDF.match(bus):
         return ""
+    link = root / "sys/bus/pci/devices" / bus
     try:
-        path = (root / "sys/bus/pci/devices" / bus).resolve()
+        path = link.resolve(strict=True)
     except OSError:
         return ""
     chain = [p for p in path.parts if _BDF.match(p)]
-    if len(chain) >= 3:
-        return chain[-3]
-    return chain[0] if chain else ""
+    # device <- downstream port <- switch upstream port: only a chain that deep has a switch.
+    return chain[-3] if len(chain) >= 3 else ""
 
 
 def pci_numa(bus: str, root: Path = Path("/")) -> int | None:

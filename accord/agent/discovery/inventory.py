@@ -46,6 +46,9 @@ class Inventory:
     """Device index -> its MIG instances' UUIDs (what ``CUDA_VISIBLE_DEVICES`` names)."""
     cpus: dict[int, str] = field(default_factory=dict)
     """Device index -> the CPUs close to it."""
+    uuids: dict[int, str] = field(default_factory=dict)
+    """Device index -> its UUID (kept here: a per-device attribute would make every
+    device a class of its own to placement)."""
     sources: tuple[str, ...] = ()
     """Where the devices came from (``nvml``, ``amdsmi``, ``kfd-sysfs``, ``intel-sysfs``)."""
 
@@ -113,6 +116,8 @@ def build(name: str, address: str, found: list[Found], h: host.Host, root: Path 
             inv.mig[f.index] = f.mig
         if f.cpus:
             inv.cpus[f.index] = f.cpus
+        if f.uuid:
+            inv.uuids[f.index] = f.uuid
     inv.node = Node(name, address, h.cpu_milli, h.memory_mib, devices=tuple(devices),
                     numa_cpus=h.numa_cpus, nics=tuple(Nic(n, numa) for n, numa in h.nics))
     return inv

@@ -125,8 +125,6 @@ def _device(nvml: Any, i: int, h: Any, words: int) -> Found:
     if f.mig:
         f.extra["mig"] = True
         f.extra["mig_instances"] = len(f.mig)
-    if f.uuid:
-        f.extra["uuid"] = f.uuid
     f.unhealthy = health(nvml, h)
     return f
 
