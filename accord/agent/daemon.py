@@ -65,7 +65,7 @@ class AgentConfig:
 
     heartbeat: float = 0.5
     reconcile: float = 2.0
-    orphan_timeout: float = 60.0
+    orphan_timeout: float = 10.0
     """Seconds without contact with the cluster before the agent stops its tasks."""
     health_interval: float = 10.0
     max_beats: int = 0

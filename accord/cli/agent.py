@@ -3,7 +3,7 @@
     accord nodes agent                                  # discover this machine's hardware
     accord nodes agent --fake gpu-a --gpus 8            # a made-up GPU node (simulations)
     accord nodes agent --from-json FILE                 # a NodeSpec as JSON
-        [--state-dir DIR] [--listen HOST:PORT] [--orphan-timeout 60] [--gossip-seeds ...]
+        [--state-dir DIR] [--listen HOST:PORT] [--orphan-timeout 10] [--gossip-seeds ...]
 
 Without ``--fake`` or ``--from-json`` the node is what discovery finds (NVML,
 amdsmi or KFD sysfs, Intel sysfs, CPUs, memory, NICs; zero GPUs on a machine with
@@ -188,7 +188,7 @@ def add_agent_flags(g: argparse._ArgumentGroup) -> None:
                                        "(default: the node's address)")
     g.add_argument("--reconcile", type=float, default=2.0,
                    help="agent: seconds between full comparisons with the scheduler")
-    g.add_argument("--orphan-timeout", type=float, default=60.0,
+    g.add_argument("--orphan-timeout", type=float, default=10.0,
                    help="agent: seconds without the cluster before its tasks are stopped")
     g.add_argument("--health-interval", type=float, default=10.0,
                    help="agent: seconds between device health checks")
