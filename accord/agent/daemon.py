@@ -247,7 +247,7 @@ class NodeAgent:
         delay = 0.1
         while True:
             stub = self.link.stub(self.link.current())
-            stream = stub.WatchPlacements(pb.WatchPlacementsRequest())
+            stream = stub.WatchPlacements(pb.WatchPlacementsRequest(node=self.name))
             try:
                 async for ev in stream:
                     self.last_ok = time.monotonic()

@@ -332,12 +332,14 @@ class ListJobsResponse(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
 
 class WatchPlacementsRequest(_message.Message):
-    __slots__ = ("job_id", "start_index")
+    __slots__ = ("job_id", "start_index", "node")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     START_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     start_index: int
-    def __init__(self, job_id: _Optional[str] = ..., start_index: _Optional[int] = ...) -> None: ...
+    node: str
+    def __init__(self, job_id: _Optional[str] = ..., start_index: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
 
 class PlacementEvent(_message.Message):
     __slots__ = ("index", "kind", "job_id", "reason", "tasks", "attempt", "spec")

@@ -95,6 +95,8 @@ class Event:
     attempt: int = 0
     """The job's placement this is about (its ``starts``): the new one for ``placed``, the
     one that ended for the others."""
+    task_nodes: tuple[str, ...] = ()
+    """The nodes of the attempt's tasks (what a node's agent filters on)."""
 
 
 class EventHub:
@@ -250,6 +252,12 @@ class SchedulerShard:
         self._last_heard[node] = when
         self.monitor.heartbeat(node, when)
 
+    def _publish(self, ev: Event) -> None:
+        r = self.sm.jobs.get(ev.job_id)
+        if r is not None:
+            ev.task_nodes = tuple(dict.fromkeys(t.node for t in r.tasks))
+        self.events.publish(ev)
+
     def _after(self, index: int, cmd: dict[str, Any], result: dict[str, Any], before: list[str]
                ) -> None:
         op = cmd.get("op")
@@ -268,27 +276,27 @@ class SchedulerShard:
             self._kick.set()
         for jid in result.get("requeued", []):
             r = self.sm.jobs[jid]
-            self.events.publish(Event(index, "requeued", jid, r.reason, attempt=r.starts))
+            self._publish(Event(index, "requeued", jid, r.reason, attempt=r.starts))
             self._kick.set()
         for jid in result.get("preempted", []):
-            self.events.publish(Event(index, "preempted", jid, "preempted",
+            self._publish(Event(index, "preempted", jid, "preempted",
                                       attempt=self.sm.jobs[jid].starts))
         for jid in result.get("accepted", []):
             r = self.sm.jobs[jid]
             assert r.placement is not None
             nodes = {t.node: self.sm.nodes[t.node].node for t in r.placement.tasks}
-            self.events.publish(Event(index, "placed", jid, "", r.job, r.placement, r.master_port,
+            self._publish(Event(index, "placed", jid, "", r.job, r.placement, r.master_port,
                                       nodes, r.starts))
         for jid in result.get("ended", []):
             r = self.sm.jobs[jid]
-            self.events.publish(Event(index, "finished", jid, r.status if not r.reason
+            self._publish(Event(index, "finished", jid, r.status if not r.reason
                                       else f"{r.status}: {r.reason}", attempt=r.starts))
             self._kick.set()
         if op in ("cancel_job", "job_finished"):
             for jid in before:
                 r = self.sm.jobs[jid]
                 kind = "cancelled" if op == "cancel_job" else "finished"
-                self.events.publish(Event(index, kind, jid, r.status, attempt=r.starts))
+                self._publish(Event(index, kind, jid, r.status, attempt=r.starts))
             self._kick.set()
 
     # ----- commands and reads ----------------------------------------------------------------

@@ -326,6 +326,8 @@ class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
         async for ev in self.shard.events.subscribe(request.start_index):
             if request.job_id and ev.job_id != request.job_id:
                 continue
+            if request.node and request.node not in ev.task_nodes:
+                continue
             yield event_to_pb(ev)
 
     # ----- operators --------------------------------------------------------------------------
