@@ -24,17 +24,23 @@ PY = sys.executable
 
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[str, SchedulerShard]]:
+    ep, shard, srv = await _serve()
+    try:
+        yield ep, shard
+    finally:
+        await shard.stop()
+        await srv.stop(0)
+
+
+async def _serve() -> tuple[str, SchedulerShard, grpc.aio.Server]:
+    """A one-replica Scheduler server on 127.0.0.1 (leader loop running)."""
     shard = local_shard(ShardConfig(cycle_interval=0.05, leader_grace=60.0))
     srv = grpc.aio.server()
     add_scheduler_service(srv, shard)
     port = srv.add_insecure_port("127.0.0.1:0")
     await srv.start()
     shard.start()
-    try:
-        yield f"127.0.0.1:{port}", shard
-    finally:
-        await shard.stop()
-        await srv.stop(0)
+    return f"127.0.0.1:{port}", shard, srv
 
 
 async def until(pred: Any, what: str, timeout: float = 30.0) -> None:
@@ -155,13 +161,7 @@ async def test_unhealthy_device_is_reported_and_avoided(server: tuple[str, Sched
 
 
 async def test_orphaned_tasks_run_until_the_timeout_then_stop(tmp_path: Path) -> None:
-    shard = local_shard(ShardConfig(cycle_interval=0.05, leader_grace=60.0))
-    srv = grpc.aio.server()
-    add_scheduler_service(srv, shard)
-    port = srv.add_insecure_port("127.0.0.1:0")
-    await srv.start()
-    shard.start()
-    ep = f"127.0.0.1:{port}"
+    ep, shard, srv = await _serve()
     cfg = AgentConfig(heartbeat=0.1, reconcile=0.3, orphan_timeout=2.0, listen="127.0.0.1:0")
     agent = NodeAgent([ep], cpu_node("cpu-o"), tmp_path / "a", cfg)
     await agent.start()
