@@ -11,6 +11,8 @@ crash round costs a fork rather than a Python start-up:
   after each batch is durable, append its number to ACKFILE (one ``os.write`` per
   line, so a SIGKILL never loses an acknowledgement line that was written). The
   first line is ``open`` once recovery finished.
+  A seventh word ``BUILD`` runs a patched build of the log in the child (see
+  ``patch_wal``): a slow disk, or a deliberately broken log the power-cut tests catch.
 * ``reap N`` waits for child N (which the test has killed) and answers ``reaped N``.
 
 Run as ``python -m tests.raft.storage.crash_writer WALDIR ACKFILE SEED CONF_BASE`` it is
@@ -23,6 +25,8 @@ import asyncio
 import itertools
 import os
 import sys
+import time
+from typing import Any
 
 from accord.raft.storage.wal import WriteAheadLog
 
@@ -31,6 +35,58 @@ from .model import Workload
 TASKS = 4
 SEGMENT_BYTES = 4096
 MAX_BATCHES_PER_TASK = 400
+
+
+BUILDS = ("slow-sync", "ack-before-sync", "no-dir-fsync")
+
+
+def patch_wal(mode: str) -> None:
+    """Monkeypatch ``WriteAheadLog`` (in this process only) into another build.
+
+    * ``slow-sync`` (correct): every fdatasync starts 20 ms late, as on a slow disk,
+      so that a kill often lands between a write and its fdatasync;
+    * ``ack-before-sync`` (broken): a batch is acknowledged after its write, and
+      fdatasynced 20 ms later (a writer that answers first and syncs behind);
+    * ``no-dir-fsync`` (broken): the log's directory is never fsynced, so a segment
+      renamed into place (and a deleted one) is not durable.
+
+    Only a power cut tells the broken builds from the real log: a SIGKILL keeps the
+    page cache.
+    """
+    if mode == "slow-sync":
+        def slow_sync(fd: int) -> None:
+            time.sleep(0.02)
+            os.fdatasync(fd)
+
+        init = WriteAheadLog.__init__
+
+        def slow_init(self: WriteAheadLog, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            self._sync_file = slow_sync
+
+        WriteAheadLog.__init__ = slow_init  # type: ignore[method-assign]
+    elif mode == "ack-before-sync":
+        write, notify = WriteAheadLog._write, WriteAheadLog._notify
+
+        def late_write(self: WriteAheadLog, work: Any) -> None:
+            self._sync_file = lambda fd: None
+            try:
+                write(self, work)
+            finally:
+                self._sync_file = os.fdatasync
+
+        def early_notify(self: WriteAheadLog, work: Any, exc: BaseException | None) -> None:
+            notify(self, work, exc)
+            time.sleep(0.02)
+            if self._fd >= 0:
+                os.fdatasync(self._fd)
+
+        WriteAheadLog._write = late_write  # type: ignore[method-assign]
+        WriteAheadLog._notify = early_notify  # type: ignore[method-assign]
+    elif mode == "no-dir-fsync":
+        WriteAheadLog._fsync_dir = lambda self: None  # type: ignore[method-assign]
+    else:
+        raise ValueError(f"unknown build {mode!r}; known: {', '.join(BUILDS)}")
 
 
 def write_acks(
@@ -70,6 +126,8 @@ def zygote() -> None:
                 code = 0
                 try:
                     seg = int(cmd[5]) if len(cmd) > 5 else SEGMENT_BYTES
+                    if len(cmd) > 6:
+                        patch_wal(cmd[6])
                     write_acks(cmd[1], cmd[2], int(cmd[3]), int(cmd[4]), seg)
                 except BaseException:
                     code = 1

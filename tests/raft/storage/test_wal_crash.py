@@ -50,9 +50,11 @@ class Zygote:
 
     def run(
         self, waldir: Path, ackfile: Path, seed: int, conf_base: int,
-        segment_bytes: int = SEGMENT_BYTES,
+        segment_bytes: int = SEGMENT_BYTES, build: str | None = None,
     ) -> int:
-        pid = int(self.ask(f"run {waldir} {ackfile} {seed} {conf_base} {segment_bytes}")[1])
+        """Fork a writer child; ``build`` names a ``crash_writer.patch_wal`` mode."""
+        line = f"run {waldir} {ackfile} {seed} {conf_base} {segment_bytes}"
+        pid = int(self.ask(line + (f" {build}" if build else ""))[1])
         self.child = pid
         return pid
 
