@@ -132,6 +132,10 @@ class Config:
     quota_backend_bytes: int = _opt(2 << 30, "Storage quota in bytes; writes are refused above it.")
     max_txn_ops: int = _opt(128, "Most operations in one Txn.")
     snapshot_count: int = _opt(10_000, "Applied entries per group between two snapshots.")
+    wal_segment_bytes: int = _opt(64 << 20, "Largest write-ahead log segment file, in bytes "
+                                            "(at least 4096): the log rotates to a new file "
+                                            "when one is full and deletes old ones whose "
+                                            "entries a snapshot covers.")
     member_dead_after: int = _opt(0, "Seconds a voting member may stay unreachable before the "
                                      "meta leader removes it from the cluster (replica repair; "
                                      "0: never).")
@@ -473,6 +477,8 @@ class Config:
             p(f"leader-follow-requests {self.leader_follow_requests}: must be >= 0 (0 turns it off)")
         if self.snapshot_count < 1:
             p(f"snapshot-count {self.snapshot_count}: must be >= 1")
+        if self.wal_segment_bytes < 4096:
+            p(f"wal-segment-bytes {self.wal_segment_bytes}: must be >= 4096")
         if self.log_level not in LOG_LEVELS:
             p(f"log-level {self.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in ("", *LOG_FORMATS):

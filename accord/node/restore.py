@@ -38,7 +38,12 @@ from pathlib import Path
 from accord.node.backend import kv_group
 from accord.node.config import Config, ConfigError
 from accord.node.members import META_GROUP
-from accord.node.server import check_shard_count, initial_table, write_member_file
+from accord.node.server import (
+    check_shard_count,
+    initial_table,
+    make_dir_durably,
+    write_member_file,
+)
 from accord.raft.core.types import ConfState, HardState, SnapshotMeta
 from accord.raft.storage.format import WriteBatch
 from accord.raft.storage.snapshot import SnapshotStore
@@ -107,7 +112,7 @@ def restore_data_dir(snap: SnapshotFile, cfg: Config, *, shards_given: bool = Fa
     images[META_GROUP] = initial_table(cfg, shards).prepare_snapshot()()
     voters = tuple(sorted(cfg.member_ids().values()))
     meta = SnapshotMeta(RESTORE_INDEX, RESTORE_TERM, ConfState(voters=voters))
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_dir_durably(data_dir)  # a power cut after the restore must not take it
     store = SnapshotStore(data_dir / "snap")
     for gid in sorted(images):
         with store.writer(gid, meta) as w:

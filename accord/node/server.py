@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -61,7 +62,7 @@ from accord.raft.core.types import Role
 from accord.raft.host.balance import plan_moves
 from accord.raft.host.multiraft import GroupUnavailable, HostConfig, MultiRaftHost
 from accord.raft.storage.snapshot import SnapshotStore
-from accord.raft.storage.wal import WriteAheadLog
+from accord.raft.storage.wal import WriteAheadLog, fsync_dir
 from accord.raft.transport.links import PeerTransport
 from accord.raft.transport.tls import PeerTLS
 from accord.services.cluster.members import ClusterStateMachine, MemberRecord, ShardPlacement
@@ -130,10 +131,12 @@ class Node:
         client_tls, peer_tls = client_files(cfg), peer_files(cfg)
         self.client_tls = ReloadingTLS(client_tls) if client_tls else None
         self.peer_tls = ReloadingTLS(peer_tls) if peer_tls else None
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(make_dir_durably, self.data_dir)
         self.shards = await asyncio.to_thread(check_shard_count, self.data_dir, cfg.shards)
         await asyncio.to_thread(write_member_file, self.data_dir, self.member_id, self.joined)
-        wal, recovered = await asyncio.to_thread(WriteAheadLog.open, self.data_dir / "wal")
+        wal, recovered = await asyncio.to_thread(
+            functools.partial(WriteAheadLog.open, self.data_dir / "wal",
+                              segment_bytes=cfg.wal_segment_bytes))
         self.wal = wal
         snapshots = SnapshotStore(self.data_dir / "snap")
         host_ip, peer_port = cfg.peer_listen_address()
@@ -434,6 +437,21 @@ def write_member_file(data_dir: Path, member_id: int, joined: bool) -> None:
         write_durably(path, f"id={member_id:x}\njoined={int(joined)}\n")
 
 
+def make_dir_durably(path: Path) -> None:
+    """Create ``path`` and its missing parents, each made durable in its parent.
+
+    Without the parent's fsync a power cut soon after the first start could take the
+    whole data directory with it (the member id, the log and the vote in it)."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(exist_ok=True)
+        fsync_dir(d.parent)
+
+
 def write_durably(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temp file, fsync, rename, fsync the dir)."""
     tmp = path.with_suffix(".tmp")
@@ -442,11 +460,7 @@ def write_durably(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
 
 
 def check_shard_count(data_dir: Path, shards: int) -> int:

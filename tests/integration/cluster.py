@@ -229,12 +229,14 @@ class ProcCluster:
         elif sig == signal.SIGCONT:
             node.paused = False
 
-    def kill(self, node: ProcNode) -> None:
-        """kill -9 and reap."""
+    def kill(self, node: ProcNode, *, keep_channel: bool = False) -> None:
+        """kill -9 and reap; ``keep_channel`` leaves the node's client channel open for
+        threads still using it (it reconnects once the node is back)."""
         if node.proc is not None and node.proc.poll() is None:
             os.kill(node.proc.pid, signal.SIGKILL)
             node.proc.wait(10)
-        node.close_channel()
+        if not keep_channel:
+            node.close_channel()
 
     def stop(self, node: ProcNode, timeout: float = 10.0) -> int | None:
         """SIGTERM (graceful), SIGKILL after ``timeout``; returns the exit status."""

@@ -38,8 +38,9 @@ def _value(kvs: object) -> int | None:
 
 class Client(threading.Thread):
     def __init__(self, cid: int, cluster: ProcCluster, until: float, history: list[Op],
-                 lock: threading.Lock, seed: int) -> None:
+                 lock: threading.Lock, seed: int, keys: list[bytes] = KEYS) -> None:
         super().__init__(daemon=True)
+        self.keys = keys
         self.cid, self.cluster, self.until = cid, cluster, until
         self.history, self.lock = history, lock
         self.rng = random.Random(seed)
@@ -57,7 +58,7 @@ class Client(threading.Thread):
             self.errors.append(e)
 
     def one(self) -> None:
-        key = self.rng.choice(KEYS)
+        key = self.rng.choice(self.keys)
         kind = self.rng.choice(["read", "read", "write", "cas"])
         node = self._node()
         kv = node.kv()

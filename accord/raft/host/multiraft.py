@@ -226,11 +226,14 @@ class MultiRaftHost:
         )
         applied = 0
         if state.snapshot is not None and state.snapshot.index > 0:
-            info = self._snapshots.latest(group_id)
-            if info is None or info.meta.index < state.snapshot.index:
+            # Exactly the snapshot the log names: a newer file whose record a crash
+            # lost holds entries the log still replays after this one.
+            info = self._snapshots.find(group_id, state.snapshot)
+            if info is None:
                 raise RuntimeError(
                     f"group {group_id}: the log says a snapshot at index {state.snapshot.index} "
-                    "is durable but the snapshot store has none; the data directory is damaged"
+                    f"(term {state.snapshot.term}) is durable but the snapshot store does not "
+                    "have it; the data directory is damaged"
                 )
             sm.restore(b"".join(self._snapshots.data_chunks(info)))
             applied = state.snapshot.index
@@ -465,12 +468,17 @@ class MultiRaftHost:
         """Attach the data of the snapshot file the stream delivered, then step the SNAP."""
         assert msg.snapshot is not None
         meta = msg.snapshot.meta
-        info = self._snapshots.latest(g.id)
-        if info is None or info.meta.index != meta.index or info.meta.term != meta.term:
+        info = self._snapshots.find(g.id, meta)
+        if info is None:
             log.warning("group %d: SNAP for index %d without the received file; dropped",
                         g.id, meta.index)
             return
-        data = await asyncio.to_thread(lambda: b"".join(self._snapshots.data_chunks(info)))
+        try:
+            data = await asyncio.to_thread(lambda: b"".join(self._snapshots.data_chunks(info)))
+        except FileNotFoundError:  # a newer snapshot's record pruned it meanwhile
+            log.warning("group %d: the received snapshot at index %d is gone; dropped",
+                        g.id, meta.index)
+            return
         msg.snapshot = Snapshot(meta, data)
         g.core.step(msg)
         self._mark(g)
@@ -690,6 +698,16 @@ class MultiRaftHost:
         await self._wal.append(batch)
         self.turns += 1
         self._end_turn(readies)
+        recorded = [(gid, gw.install or gw.compact) for gid, gw in batch.groups.items()
+                    if gw.install is not None or gw.compact is not None]
+        if recorded:
+            await asyncio.to_thread(self._prune_snapshots, recorded)
+
+    def _prune_snapshots(self, recorded: list[tuple[int, SnapshotMeta | None]]) -> None:
+        """Worker thread: the WAL recorded these snapshots; older files may go."""
+        for gid, meta in recorded:
+            if meta is not None:
+                self._snapshots.prune(gid, meta)
 
     def _end_turn(self, readies: list[tuple[Group, Ready]], *, defer_flush: bool = False) -> None:
         """Send the messages that waited for the write, then let the cores advance.
@@ -777,7 +795,10 @@ class MultiRaftHost:
         self._transport.send(m.to, g.id, m)
 
     def _send_snapshot(self, g: Group, m: Message) -> None:
-        info = self._snapshots.latest(g.id)
+        # The file the core's SNAP names: after a restart a newer file whose record
+        # the log lost may lie beside it, and the follower would refuse that one.
+        info = (self._snapshots.find(g.id, m.snapshot.meta) if m.snapshot is not None
+                else self._snapshots.latest(g.id))
         if info is None:
             g.core.report_snapshot(m.to, False)
             return

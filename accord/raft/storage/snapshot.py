@@ -20,10 +20,13 @@ File layout::
 The CRC covers every byte before it (header, meta, data and the data length).
 
 Durability: a file is written as ``*.tmp`` (or received as ``*.part``), fsynced,
-renamed to ``*.snap`` and the directory fsynced; only then are older snapshots of
-the group deleted. Leftover ``*.tmp`` files from a crash are removed when the
-store opens. The WAL learns about a snapshot (``WriteBatch.compact`` or
-``install_snapshot``) only after ``finish()`` returned.
+renamed to ``*.snap`` and the directory fsynced. The WAL learns about a snapshot
+(``WriteBatch.compact`` or ``install_snapshot``) only after ``finish()`` returned,
+and older snapshots of the group are deleted (``prune``) only once the WAL's record
+of the new one is durable: until then the log's marker still names the older file,
+and recovery restores exactly the snapshot the log names (``find``), never a newer
+file whose record a crash or power cut lost (that one's entries would be applied
+twice). Leftover ``*.tmp`` files from a crash are removed when the store opens.
 
 All methods do blocking file I/O: the host calls them off the event loop
 (``asyncio.to_thread``).
@@ -386,10 +389,43 @@ class SnapshotStore:
         found.sort()
         out = []
         for _, _, p in found:
+            info = self._info(p)
+            if info is not None:
+                out.append(info)
+        return out
+
+    def _info(self, p: Path) -> SnapshotInfo | None:
+        """The snapshot file ``p``, or None if it is gone (pruned meanwhile)."""
+        try:
             with open(p, "rb") as f:
                 g, meta, _ = _read_head(f, p)
-            out.append(SnapshotInfo(g, meta, p, p.stat().st_size))
-        return out
+                size = os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            return None
+        return SnapshotInfo(g, meta, p, size)
+
+    def find(self, group: int, meta: SnapshotMeta) -> SnapshotInfo | None:
+        """The group's durable snapshot at exactly ``meta``'s index and term, if any."""
+        info = self._info(self.group_dir(group) / f"{_file_name(meta)}.snap")
+        if info is None or info.meta.index != meta.index or info.meta.term != meta.term:
+            return None
+        return info
+
+    def prune(self, group: int, keep: SnapshotMeta) -> int:
+        """Delete the group's snapshots (and transfers) older than ``keep``; returns how
+        many. Call it once the WAL's record of ``keep`` is durable."""
+        d = self.group_dir(group)
+        if not d.exists():
+            return 0
+        removed = 0
+        for p in d.iterdir():
+            ti = _parse_name(p.name, ".snap") or _parse_name(p.name, ".part")
+            if ti is not None and (ti[1], ti[0]) < (keep.index, keep.term):
+                p.unlink(missing_ok=True)
+                removed += 1
+        if removed and self.sync:
+            _fsync_dir(d)
+        return removed
 
     def latest(self, group: int) -> SnapshotInfo | None:
         """The group's newest durable snapshot, if any."""
@@ -460,16 +496,7 @@ class SnapshotStore:
 
     def _install(self, group: int, meta: SnapshotMeta, src: Path, final: Path) -> SnapshotInfo:
         os.replace(src, final)
-        gdir = final.parent
         if self.sync:
-            _fsync_dir(gdir)
-        # Older snapshots are obsolete once this one is durable.
-        removed = False
-        for p in gdir.iterdir():
-            ti = _parse_name(p.name, ".snap") or _parse_name(p.name, ".part")
-            if ti is not None and p != final and (ti[1], ti[0]) < (meta.index, meta.term):
-                p.unlink()  # older snapshots, and transfers of older ones
-                removed = True
-        if removed and self.sync:
-            _fsync_dir(gdir)
+            _fsync_dir(final.parent)
+        # Older snapshots stay until the WAL recorded this one (``prune``).
         return SnapshotInfo(group, meta, final, final.stat().st_size)

@@ -40,8 +40,12 @@ def test_write_read_and_replace(tmp_path: Path) -> None:
     m2 = SnapshotMeta(25, 3, CS)
     info2 = _write(store, 1, m2, _chunks(2, 3, 100))
     assert store.latest(1) == info2
-    assert not info.path.exists(), "an older snapshot goes once a newer one is durable"
-    assert [s.meta for s in store.snapshots(1)] == [m2]
+    # The older one stays until the WAL recorded the newer one (the log may still name it).
+    assert store.find(1, m1) == info and store.find(1, m2) == info2
+    assert store.find(1, SnapshotMeta(25, 2, CS)) is None, "a term that does not match"
+    assert store.prune(1, m2) == 1
+    assert not info.path.exists(), "an older snapshot goes once the newer one is recorded"
+    assert [s.meta for s in store.snapshots(1)] == [m2] and store.find(1, m1) is None
     # Another group is independent.
     _write(store, 7, SnapshotMeta(3, 1), [b"x"])
     assert store.groups() == [1, 7]
