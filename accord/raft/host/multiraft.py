@@ -37,7 +37,9 @@ next leader.
 
 Snapshots: the apply task snapshots a group's state machine every
 ``snapshot_entries`` applied entries, writes it through ``SnapshotStore``, then
-compacts the core and the WAL. A leader streams the snapshot file to a lagging
+compacts the core and the WAL; once the WAL's record of a snapshot (local or
+installed) is durable, the group's older snapshot files are pruned, and recovery
+restores exactly the file the WAL names. A leader streams the snapshot file to a lagging
 follower on the transport's snapshot stream, and sends the ``SNAP`` message
 only after the follower holds the verified file; the follower attaches the data
 when the message arrives.
@@ -70,6 +72,7 @@ from accord.raft.core.types import (
     Ready,
     Role,
     Snapshot,
+    SnapshotMeta,
 )
 from accord.raft.host.apply import Applier
 from accord.raft.host.group import (
