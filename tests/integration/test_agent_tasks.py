@@ -27,7 +27,8 @@ from tests.integration.test_scheduling_cluster import call, job, shard_leader, w
 
 PY = sys.executable
 CPU_TASK = 1500
-"""A CPU-only task's share: two never fit on one discovered node of this 2-CPU machine."""
+"""A CPU-only task's share; the fixture raises it past half of a discovered node's CPU, so
+two tasks never fit on one node whatever the machine running the suite has."""
 
 
 @dataclass
@@ -100,6 +101,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProcCluste
         for name in ("cpu-a", "cpu-b"):
             agents.start(name, name)
         wait_for(lambda: {"cpu-a", "cpu-b"} <= alive_nodes(c), "the CPU agents to register")
+        nodes = call(c, lambda s: s.ListNodes(pb.ListNodesRequest(), timeout=5.0)).nodes
+        global CPU_TASK
+        CPU_TASK = min(n.spec.cpu_milli for n in nodes if n.spec.name.startswith("cpu-")) // 2 + 1
         yield c, agents
     finally:
         agents.stop_all()
