@@ -67,6 +67,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from accord.services.auth.tokens import parse_token_spec
+
 ENV_PREFIX = "ACCORD_"
 CONFIG_FILE_ENV = "ACCORD_CONFIG_FILE"
 LOG_LEVELS = ("debug", "info", "warn", "warning", "error")
@@ -149,6 +151,10 @@ class Config:
     log_level: str = _opt("info", "Log level: debug, info, warn, error.")
     log_format: str = _opt("", "Log lines as 'json' (one object per line) or 'console' "
                                "(default: console on a terminal, json otherwise).")
+    auth_token: str = _opt("simple", "Auth token type, as etcd: 'simple', or 'jwt,pub-key=PATH,"
+                                     "priv-key=PATH,sign-method=RS256,ttl=5m'.")
+    auth_token_ttl: int = _opt(300, "Seconds a simple auth token lives after its last use.")
+    bcrypt_cost: int = _opt(10, "bcrypt cost of hashed passwords (etcd's default 10; 4..31).")
     listen_metrics_urls: list[str] = field(
         default_factory=list,
         metadata=_meta("URLs serving /metrics, /health, /livez and /readyz over HTTP, or 'off' "
@@ -479,6 +485,16 @@ class Config:
             p(f"snapshot-count {self.snapshot_count}: must be >= 1")
         if self.wal_segment_bytes < 4096:
             p(f"wal-segment-bytes {self.wal_segment_bytes}: must be >= 4096")
+        try:
+            spec = parse_token_spec(self.auth_token)
+            if spec.kind == "jwt":
+                spec.jwt()
+        except (ValueError, OSError) as e:
+            p(f"auth-token: {e}")
+        if self.auth_token_ttl <= 0:
+            p(f"auth-token-ttl {self.auth_token_ttl} s: must be > 0")
+        if not 4 <= self.bcrypt_cost <= 31:
+            p(f"bcrypt-cost {self.bcrypt_cost}: must be 4..31")
         if self.log_level not in LOG_LEVELS:
             p(f"log-level {self.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
         if self.log_format not in ("", *LOG_FORMATS):

@@ -43,7 +43,10 @@ from grpc_reflection.v1alpha import reflection
 
 from accord.locks.servicer import add_lock_services
 from accord.proto import rpc_pb2, rpc_pb2_grpc
-from accord.services.cluster.servicer import AuthServicer, ClusterServicer, MaintenanceServicer
+from accord.services.auth.guard import AuthGuard, local_guard
+from accord.services.auth.interceptor import AuthInterceptor
+from accord.services.auth.servicer import AuthServicer
+from accord.services.cluster.servicer import ClusterServicer, MaintenanceServicer
 from accord.services.kv.backend import Backend
 from accord.services.kv.errors import MSG_NO_LEADER
 from accord.services.kv.servicer import KVServicer, LeaseServicer
@@ -158,6 +161,7 @@ class AccordGrpcServer:
     backend: Backend
     health: health.aio.HealthServicer
     watch: WatchServicer
+    auth: AuthGuard
     client_api_versions: Counter[str] = field(default_factory=Counter)
 
     def add_port(self, address: str, credentials: grpc.ServerCredentials | None = None) -> int:
@@ -187,31 +191,49 @@ class AccordGrpcServer:
         await self.server.stop(grace)
 
 
+def _lease_keys_of(backend: Backend) -> Callable[[int], Awaitable[list[bytes]]]:
+    """The keys attached to a lease, as the backend answers LeaseTimeToLive."""
+
+    async def lease_keys(lease_id: int) -> list[bytes]:
+        resp = await backend.lease_time_to_live(
+            rpc_pb2.LeaseTimeToLiveRequest(ID=lease_id, keys=True))
+        return list(resp.keys)
+
+    return lease_keys
+
+
 def build_server(
     backend: Backend,
     options: ServerOptions | None = None,
     *,
     extra_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     outer_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    auth: AuthGuard | None = None,
 ) -> AccordGrpcServer:
     """A ``grpc.aio`` server serving the etcd v3 API from ``backend``, plus health and reflection.
 
     ``outer_interceptors`` run before etcd's metadata handling (the metrics interceptor,
-    which must see the calls it refuses), ``extra_interceptors`` after it."""
+    which must see the calls it refuses), ``extra_interceptors`` after it. ``auth`` guards
+    every call (``accord/services/auth``); without one, an in-process auth store is used
+    (auth off until a client enables it; not replicated)."""
     opts = options or ServerOptions()
     versions: Counter[str] = Counter()
+    guard = auth or local_guard()
+    if guard.lease_keys is None:
+        guard.lease_keys = _lease_keys_of(backend)
     server = grpc.aio.server(
         options=opts.channel_args(),
         interceptors=[*outer_interceptors, MetadataInterceptor(backend, versions),
+                      AuthInterceptor(guard),
                       *extra_interceptors],
     )
-    watch = WatchServicer(backend, max_response_bytes=opts.max_request_bytes)
+    watch = WatchServicer(backend, max_response_bytes=opts.max_request_bytes, auth=guard)
     servicers: dict[str, object] = {
         "KV": KVServicer(backend),
         "Lease": LeaseServicer(backend),
         "Cluster": ClusterServicer(backend),
         "Maintenance": MaintenanceServicer(backend),
-        "Auth": AuthServicer(backend),
+        "Auth": AuthServicer(backend, guard),
     }
     for name, servicer in servicers.items():
         register: Callable[[object, grpc.aio.Server], None] = getattr(
@@ -230,7 +252,7 @@ def build_server(
         reflection.SERVICE_NAME,
     ]
     reflection.enable_server_reflection(service_names, server)
-    return AccordGrpcServer(server, backend, health_servicer, watch, versions)
+    return AccordGrpcServer(server, backend, health_servicer, watch, guard, versions)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

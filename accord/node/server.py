@@ -48,6 +48,7 @@ from typing import Any
 import grpc
 
 from accord.node import logs
+from accord.node.auth import auth_guard, auth_machine
 from accord.node.backend import KV_GROUP, ReplicatedBackend, kv_group
 from accord.node.config import Config, ConfigError, load_config
 from accord.node.grpc_server import ETCD_SERVICES, AccordGrpcServer, ServerOptions, build_server
@@ -162,7 +163,7 @@ class Node:
         if self.joined:
             # Every group starts with an empty membership: the leaders send it.
             voters: list[int] = []
-            self.cluster = ClusterStateMachine({}, [])
+            self.cluster = ClusterStateMachine({}, [], auth=auth_machine(cfg))
         else:
             voters = sorted(ids.values())
             self.cluster = initial_table(cfg, self.shards)
@@ -189,7 +190,8 @@ class Node:
         self.backend = ReplicatedBackend(self, self.machines)
         calls = GrpcMetricsInterceptor()
         self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes),
-                                 outer_interceptors=[calls])
+                                 outer_interceptors=[calls],
+                                 auth=auth_guard(cfg, self.cluster.auth, self.host))
         for url, (h, p) in zip(cfg.listen_client_urls, cfg.client_listen_addresses(), strict=True):
             creds = (self.client_tls.grpc_credentials()
                      if self.client_tls is not None and cfg.client_url_is_tls(url) else None)
@@ -412,7 +414,8 @@ def initial_table(cfg: Config, shards: int) -> ClusterStateMachine:
     initial = {ids[name]: MemberRecord(ids[name], name, tuple(urls))
                for name, urls in cfg.members().items()}
     return ClusterStateMachine(
-        initial, [ShardPlacement(i, kv_group(i), voters) for i in range(shards)])
+        initial, [ShardPlacement(i, kv_group(i), voters) for i in range(shards)],
+        auth=auth_machine(cfg))
 
 
 def _read_member_file(data_dir: Path) -> tuple[int, bool] | None:

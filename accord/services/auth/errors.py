@@ -42,12 +42,14 @@ MAINTENANCE_ERRORS = {
     USER_EMPTY: EtcdError(_C.UNKNOWN, "auth: user name is empty"),
     USER_NOT_FOUND: EtcdError(_C.UNKNOWN, "auth: user name not found"),
     PERMISSION_DENIED: EtcdError(_C.UNKNOWN, "auth: permission denied"),
+    INVALID_AUTH_TOKEN: EtcdError(_C.UNKNOWN, "auth: invalid auth token"),
 }
 
 __all__ = [
     "AUTH_FAILED",
     "AUTH_NOT_ENABLED",
     "AUTH_OLD_REVISION",
+    "CLIENT_WRAPPED_CODES",
     "INVALID_AUTH_MGMT",
     "INVALID_AUTH_TOKEN",
     "MAINTENANCE_ERRORS",
@@ -64,3 +66,8 @@ __all__ = [
     "USER_EXISTS",
     "USER_NOT_FOUND",
 ]
+
+# etcd 3.4's Lock and Election servers answer with the errors of the client they use
+# inside, which gRPC sends as code Unknown with etcd's message (measured).
+CLIENT_WRAPPED_CODES = frozenset({_C.INVALID_ARGUMENT, _C.PERMISSION_DENIED,
+                                  _C.UNAUTHENTICATED, _C.FAILED_PRECONDITION})

@@ -78,11 +78,15 @@ class SimpleTokens:
         self._clock = clock
         self._tokens: dict[str, tuple[str, float]] = {}
         """token -> (user, deadline on this member's monotonic clock)."""
+        self._assigned = 0
 
     def assign(self, token: str, user: str, age_s: float = 0.0) -> None:
         """Record ``token`` for ``user``, issued ``age_s`` ago (skipped when already dead)."""
         if age_s >= self.ttl_s:
             return
+        self._assigned += 1
+        if self._assigned % 256 == 0:
+            self.expire()
         self._tokens[token] = (user, self._clock() + self.ttl_s - max(age_s, 0.0))
 
     def user_of(self, token: str) -> str | None:

@@ -28,6 +28,10 @@ Versions: each member *advertises* the newest command format it can apply
 proposer uses a newer format only once every member supports it (the cluster-version
 gate, ``docs/operations.md``). An older node applying ``advertise`` refuses it as an
 unknown command, which changes nothing there.
+
+The meta group also holds the auth store (users, roles, auth on/off, simple tokens):
+commands named ``auth.*`` go to :class:`~accord.services.auth.statemachine.AuthStateMachine`,
+and its image is part of every meta snapshot.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 import msgpack
 
 from accord.proto import rpc_pb2
+from accord.services.auth.statemachine import AuthStateMachine
 from accord.services.cluster.alarms import AlarmTable
 
 
@@ -79,8 +84,11 @@ class ClusterStateMachine:
     """Replicated member table and shard map (the meta group's state machine)."""
 
     def __init__(
-        self, initial: dict[int, MemberRecord], shard_map: list[ShardPlacement] | None = None
+        self, initial: dict[int, MemberRecord], shard_map: list[ShardPlacement] | None = None,
+        auth: AuthStateMachine | None = None,
     ) -> None:
+        self.auth = auth or AuthStateMachine()
+        """Users, roles and tokens (``auth.*`` commands)."""
         self.members: dict[int, MemberRecord] = dict(initial)
         self.shard_map: list[ShardPlacement] = list(shard_map or [])
         self.removed: dict[int, int] = {}
@@ -133,6 +141,8 @@ class ClusterStateMachine:
     def apply(self, index: int, payload: bytes) -> object:
         """Apply one command; returns the member it changed (the list, for a removal)."""
         op, *args = msgpack.unpackb(payload)
+        if AuthStateMachine.handles(op):
+            return self.auth.apply(index, op, args)
         handler = self._handlers.get(op)
         if handler is None:
             raise ValueError(f"unknown cluster command {op!r}")
@@ -235,8 +245,10 @@ class ClusterStateMachine:
         shards = [[p.shard, p.group, list(p.replicas)] for p in self.shard_map]
         removed = sorted([i, at] for i, at in self.removed.items())
         alarms = self.alarms.dump()
+        auth = self.auth.image()
         return lambda: bytes(msgpack.packb({"members": rows, "shards": shards,
-                                            "removed": removed, "alarms": alarms}))
+                                            "removed": removed, "alarms": alarms,
+                                            "auth": auth}))
 
     def restore(self, data: bytes) -> None:
         """Replace the table and the shard map by a snapshot's."""
@@ -251,4 +263,5 @@ class ClusterStateMachine:
         self.shard_map = [ShardPlacement(s, g, tuple(r)) for s, g, r in image["shards"]]
         self.removed = {int(i): int(at) for i, at in image.get("removed", ())}
         self.alarms.load(image.get("alarms", []))
+        self.auth.restore(image.get("auth"))
         self._changed()

@@ -1,4 +1,4 @@
-"""etcd-compatible Cluster, Maintenance and Auth gRPC servicers.
+"""etcd-compatible Cluster and Maintenance gRPC servicers (Auth: ``accord/services/auth``).
 
 Thin, like the KV servicers: translate, call the :class:`~accord.services.kv.backend.Backend`,
 fill the header, map :class:`~accord.services.kv.errors.EtcdError` to ``context.abort``.
@@ -7,9 +7,8 @@ fill the header, map :class:`~accord.services.kv.errors.EtcdError` to ``context.
 database in etcd's layout plus every group's state, followed by its SHA-256, which is
 what etcd streams, so ``etcdctl snapshot save``, ``status`` and ``restore`` work on it.
 
-Auth: accord does not implement etcd's users and roles. ``AuthStatus`` reports auth
-disabled, ``Authenticate`` answers etcd's "authentication is not enabled", listings are
-empty, and changes are refused with a message that says so.
+Who may call what (root for member changes and most of Maintenance) is the auth
+interceptor's (``accord/services/auth/interceptor.py``).
 """
 
 from __future__ import annotations
@@ -31,10 +30,6 @@ SNAPSHOT_CHUNK = 32 * 1024
 """Blob bytes per SnapshotResponse (etcd sends 32 KiB chunks)."""
 
 MSG_BAD_URLS = "etcdserver: given member URLs are invalid"
-MSG_AUTH_UNSUPPORTED = (
-    "accord: users and roles are not supported (accord does not implement etcd "
-    "authentication); secure access with TLS and network policy instead"
-)
 
 
 def _member_pb(m: MemberInfo) -> rpc_pb2.Member:
@@ -234,84 +229,3 @@ class MaintenanceServicer(rpc_pb2_grpc.MaintenanceServicer):
             "version for client compatibility only)",
         )
         raise AssertionError("unreachable")
-
-
-class AuthServicer(rpc_pb2_grpc.AuthServicer):
-    """``etcdserverpb.Auth`` for a cluster where auth is always disabled."""
-
-    def __init__(self, backend: Backend) -> None:
-        self._b = backend
-
-    def _ok(self, resp: object) -> object:
-        fill_header(resp.header, self._b, self._b.revision)  # type: ignore[attr-defined]
-        return resp
-
-    async def AuthStatus(
-        self, request: rpc_pb2.AuthStatusRequest, context: grpc.aio.ServicerContext
-    ) -> rpc_pb2.AuthStatusResponse:
-        """Auth is disabled."""
-        return self._ok(rpc_pb2.AuthStatusResponse(enabled=False))  # type: ignore[return-value]
-
-    async def AuthDisable(
-        self, request: rpc_pb2.AuthDisableRequest, context: grpc.aio.ServicerContext
-    ) -> rpc_pb2.AuthDisableResponse:
-        """Disabling auth that is disabled succeeds, as in etcd."""
-        return self._ok(rpc_pb2.AuthDisableResponse())  # type: ignore[return-value]
-
-    async def Authenticate(
-        self, request: rpc_pb2.AuthenticateRequest, context: grpc.aio.ServicerContext
-    ) -> rpc_pb2.AuthenticateResponse:
-        """etcd's answer when auth is off."""
-        await context.abort(
-            grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: authentication is not enabled"
-        )
-        raise AssertionError("unreachable")
-
-    async def UserList(
-        self, request: rpc_pb2.AuthUserListRequest, context: grpc.aio.ServicerContext
-    ) -> rpc_pb2.AuthUserListResponse:
-        """No users exist."""
-        return self._ok(rpc_pb2.AuthUserListResponse())  # type: ignore[return-value]
-
-    async def RoleList(
-        self, request: rpc_pb2.AuthRoleListRequest, context: grpc.aio.ServicerContext
-    ) -> rpc_pb2.AuthRoleListResponse:
-        """No roles exist."""
-        return self._ok(rpc_pb2.AuthRoleListResponse())  # type: ignore[return-value]
-
-    async def UserGet(
-        self, request: rpc_pb2.AuthUserGetRequest, context: grpc.aio.ServicerContext
-    ) -> rpc_pb2.AuthUserGetResponse:
-        """No user exists."""
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: user name not found")
-        raise AssertionError("unreachable")
-
-    async def RoleGet(
-        self, request: rpc_pb2.AuthRoleGetRequest, context: grpc.aio.ServicerContext
-    ) -> rpc_pb2.AuthRoleGetResponse:
-        """No role exists."""
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: role name not found")
-        raise AssertionError("unreachable")
-
-    async def _unsupported(self, request: object, context: grpc.aio.ServicerContext) -> object:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, MSG_AUTH_UNSUPPORTED)
-        raise AssertionError("unreachable")
-
-    async def AuthEnable(
-        self, request: rpc_pb2.AuthEnableRequest, context: grpc.aio.ServicerContext
-    ) -> rpc_pb2.AuthEnableResponse:
-        """etcd refuses to enable auth without a root user, and no user can exist here."""
-        await context.abort(
-            grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: root user does not exist"
-        )
-        raise AssertionError("unreachable")
-
-    UserAdd = _unsupported
-    UserDelete = _unsupported
-    UserChangePassword = _unsupported
-    UserGrantRole = _unsupported
-    UserRevokeRole = _unsupported
-    RoleAdd = _unsupported
-    RoleDelete = _unsupported
-    RoleGrantPermission = _unsupported
-    RoleRevokePermission = _unsupported

@@ -42,6 +42,8 @@ from typing import Any
 import grpc
 
 from accord.proto import kv_pb2, rpc_pb2, rpc_pb2_grpc
+from accord.services.auth.guard import AuthGuard
+from accord.services.auth.needs import watch_needs
 from accord.services.kv import errors
 from accord.services.kv.backend import Backend
 from accord.services.kv.errors import EtcdError
@@ -164,8 +166,10 @@ class WatchServicer(rpc_pb2_grpc.WatchServicer):
     """``etcdserverpb.Watch``: one :class:`WatchStream` per gRPC stream (register it with
     :func:`add_watch_servicer`: its responses are bytes)."""
 
-    def __init__(self, backend: Backend, *, max_response_bytes: int) -> None:
+    def __init__(self, backend: Backend, *, max_response_bytes: int,
+                 auth: AuthGuard | None = None) -> None:
         self._b = backend
+        self._auth = auth
         self._max_response_bytes = max_response_bytes
         self._streams: set[WatchStream] = set()
         self._closed = False
@@ -179,7 +183,8 @@ class WatchServicer(rpc_pb2_grpc.WatchServicer):
         md: Any = context.invocation_metadata() or ()
         require_leader = any(k == "hasleader" and v == "true" for k, v in md)
         stream = WatchStream(
-            self._b, max_response_bytes=self._max_response_bytes, require_leader=require_leader
+            self._b, max_response_bytes=self._max_response_bytes, require_leader=require_leader,
+            auth=self._auth,
         )
         self._streams.add(stream)
         try:
@@ -218,8 +223,10 @@ def add_watch_servicer(servicer: WatchServicer, server: grpc.aio.Server) -> None
 class WatchStream:
     """One gRPC watch stream, etcd's way (see the module docstring)."""
 
-    def __init__(self, backend: Backend, *, max_response_bytes: int, require_leader: bool) -> None:
+    def __init__(self, backend: Backend, *, max_response_bytes: int, require_leader: bool,
+                 auth: AuthGuard | None = None) -> None:
         self._b = backend
+        self._auth = auth
         self._hub = backend.watch_hub
         self._max_bytes = max_response_bytes
         self._require_leader = require_leader
@@ -377,6 +384,11 @@ class WatchStream:
 
         key = cr.key or b"\x00"  # etcd: an empty key means the smallest key
         end = cr.range_end
+        if self._auth is not None:  # etcd checks the caller first
+            reason = await self._auth.watch_refusal(watch_needs(cr))
+            if reason is not None:
+                await refuse(reason)
+                return
         if end and end != b"\x00" and key >= end:
             await refuse(MSG_EMPTY_WATCH_RANGE)
             return
