@@ -81,13 +81,17 @@ async def test_maintenance(running: Running) -> None:
     assert sm.range(rpc_pb2.RangeRequest(key=b"k")).kvs[0].value == b"v"
 
 
-async def test_auth_is_disabled(running: Running) -> None:
+async def test_auth_starts_disabled_and_users_are_kept(running: Running) -> None:
     auth = rpc_pb2_grpc.AuthStub(running.channel)
-    assert not (await auth.AuthStatus(rpc_pb2.AuthStatusRequest(), timeout=5)).enabled
+    status = await auth.AuthStatus(rpc_pb2.AuthStatusRequest(), timeout=5)
+    assert not status.enabled and status.authRevision == 1
     assert await _error(
         auth.Authenticate(rpc_pb2.AuthenticateRequest(name="root", password="x"), timeout=5)
     ) == (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: authentication is not enabled")
     assert list((await auth.UserList(rpc_pb2.AuthUserListRequest(), timeout=5)).users) == []
-    code, msg = await _error(auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="u"), timeout=5))
-    assert code == grpc.StatusCode.FAILED_PRECONDITION and "not supported" in msg
+    await auth.UserAdd(rpc_pb2.AuthUserAddRequest(name="u", password="p"), timeout=5)
+    assert list((await auth.UserList(rpc_pb2.AuthUserListRequest(), timeout=5)).users) == ["u"]
+    assert (await auth.AuthStatus(rpc_pb2.AuthStatusRequest(), timeout=5)).authRevision == 2
+    assert await _error(auth.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=5)) == (
+        grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: root user does not exist")
     await auth.AuthDisable(rpc_pb2.AuthDisableRequest(), timeout=5)
