@@ -41,6 +41,6 @@ def auth_guard(cfg: Config, machine: AuthStateMachine, host: MultiRaftHost) -> A
     return AuthGuard(
         machine, commit=commit, barrier=barrier,
         jwt=spec.jwt() if spec.kind == "jwt" else None,
-        client_cert_auth=bool(getattr(cfg, "client_cert_auth", False)),
+        client_cert_auth=cfg.client_cert_auth,
         bcrypt_cost=cfg.bcrypt_cost,
     )
