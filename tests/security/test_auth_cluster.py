@@ -211,3 +211,33 @@ def test_jwt_tokens_carry_the_auth_revision(jwt_node: ProcNode) -> None:
     forged = fresh[:-4] + ("AAAA" if not fresh.endswith("AAAA") else "BBBB")
     assert error(jwt_node.kv().Range, rpc_pb2.RangeRequest(key=b"/t/j"), metadata=md(forged)) == (
         grpc.StatusCode.UNAUTHENTICATED, "etcdserver: invalid auth token")
+
+
+def test_locks_and_accord_services_need_their_permissions(cluster: ProcCluster) -> None:
+    from accord.proto import scheduling_pb2, scheduling_pb2_grpc, v3lock_pb2, v3lock_pb2_grpc
+
+    n1 = cluster.nodes[0]
+    token, root = login(n1, "u"), login(n1, "root")
+    lease = rpc_pb2_grpc.LeaseStub(n1.channel()).LeaseGrant(
+        rpc_pb2.LeaseGrantRequest(TTL=30), metadata=md(token), timeout=T).ID
+    locks = v3lock_pb2_grpc.LockStub(n1.channel())
+    held = locks.Lock(v3lock_pb2.LockRequest(name=b"/t/lock", lease=lease), metadata=md(token),
+                      timeout=T)
+    assert held.key.startswith(b"/t/lock/")
+    locks.Unlock(v3lock_pb2.UnlockRequest(key=held.key), metadata=md(token), timeout=T)
+    # etcd 3.4's lock server answers code Unknown with etcd's message
+    assert error(locks.Lock, v3lock_pb2.LockRequest(name=b"/x/lock", lease=lease),
+                 metadata=md(token)) == (grpc.StatusCode.UNKNOWN, "etcdserver: permission denied")
+    sched = scheduling_pb2_grpc.SchedulerStub(n1.channel())
+    assert error(sched.ListJobs, scheduling_pb2.ListJobsRequest(), metadata=md(token)) == (
+        grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied")
+    assert error(sched.ListJobs, scheduling_pb2.ListJobsRequest())[1] == (
+        "etcdserver: user name is empty")
+    sched.ListJobs(scheduling_pb2.ListJobsRequest(), metadata=md(root), timeout=T)
+    auth(n1).RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(
+        name="r", perm=auth_pb2.Permission(permType=auth_pb2.Permission.READ,
+                                           key=b"__accord/scheduling")), metadata=md(root),
+        timeout=T)
+    sched.ListJobs(scheduling_pb2.ListJobsRequest(), metadata=md(token), timeout=T)
+    assert error(sched.CancelJob, scheduling_pb2.CancelJobRequest(job_id="nope"),
+                 metadata=md(token))[0] == grpc.StatusCode.PERMISSION_DENIED

@@ -31,8 +31,8 @@ from accord.services.kv.servicer import fill_header
 
 R = TypeVar("R")
 
-_DUMMY_HASH = hash_password("accord: no such user", 4)
-"""Checked against for unknown users, so a wrong name costs what a wrong password does."""
+MSG_JWT_NO_KEY = ("accord: this member has no JWT priv-key and cannot issue tokens; "
+                  "authenticate on a member started with priv-key=... in --auth-token")
 
 
 class AuthServicer(rpc_pb2_grpc.AuthServicer):
@@ -41,6 +41,15 @@ class AuthServicer(rpc_pb2_grpc.AuthServicer):
     def __init__(self, backend: Backend, guard: AuthGuard) -> None:
         self._b = backend
         self._g = guard
+        self._dummy_hash: bytes | None = None
+        """Checked against for unknown users (at the configured cost), so a wrong name
+        costs what a wrong password does and timing does not tell who exists."""
+
+    async def _hash_for_unknown(self) -> bytes:
+        if self._dummy_hash is None:
+            self._dummy_hash = await asyncio.to_thread(
+                hash_password, new_simple_prefix(), self._g.bcrypt_cost)
+        return self._dummy_hash
 
     def _ok(self, resp: R) -> R:
         fill_header(resp.header, self._b, self._b.revision)  # type: ignore[attr-defined]
@@ -98,11 +107,14 @@ class AuthServicer(rpc_pb2_grpc.AuthServicer):
         if not store.enabled:
             return await self._abort(context, errors.AUTH_NOT_ENABLED)
         user = store.users.get(request.name)
-        phash = user.password_hash if user is not None else _DUMMY_HASH
+        phash = user.password_hash if user is not None else await self._hash_for_unknown()
         ok = await asyncio.to_thread(check_password, request.password, phash)
         if user is None or not ok:
             return await self._abort(context, errors.AUTH_FAILED)
         if g.jwt is not None:
+            if not g.jwt.can_sign:
+                await self._abort(context, EtcdError(grpc.StatusCode.FAILED_PRECONDITION,
+                                                     MSG_JWT_NO_KEY))
             token = g.jwt.issue(user.name, store.revision)
         else:
             try:
