@@ -63,7 +63,7 @@ SCRIPT: list[tuple[str, ...]] = [
     ("user", "passwd", "alice", *ROOT),
     ("get", "/pub", *ALICE),
     ("get", "/pub", "--user", "alice:alice-pw-2"),
-    ("get", "/app/y", "--user", "root:root-pw-1"),
+    ("get", "/app/x", "--user", "root:root-pw-1"),
     ("del", "/other", *ROOT),
     ("auth", "disable", *ALICE),
     ("auth", "disable", *ROOT),
@@ -73,7 +73,7 @@ SCRIPT: list[tuple[str, ...]] = [
 ]
 STDIN = {
     ("txn", *ALICE): 'mod("/app/x") > "0"\n\nput /app/y 2\n\nput /other 3\n\n',
-    ("txn", "--user", "alice:alice-pw-1", "-i"): 'val("/app/x") = "1"\n\nput /app/y 2\n\nget /pub\n\n',
+    ("txn", "--user", "alice:alice-pw-1", "-i"): 'val("/app/x") = "1"\n\nput /app/x 2\n\nget /app/x\n\n',
     ("user", "passwd", "alice", *ROOT): "alice-pw-2\nalice-pw-2\n",
 }
 

@@ -30,6 +30,8 @@ costs nothing until it is enabled.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import inspect
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -72,6 +74,9 @@ class MethodRule:
     needs: Callable[[Any], Iterable[Need]] | None = None
     leases: Callable[[Any], Iterable[int]] | None = None
     style: Style = Style.ETCD
+    read_only: bool = False
+    """The call changes nothing: its freshness barrier runs alongside it, and the answer
+    is released only once the barrier is done and the check passed (Range)."""
 
 
 SCHEDULING_KEY = b"__accord/scheduling"
@@ -110,7 +115,7 @@ _SCHED_NODES = MethodRule(Rule.KEYS, _service_key(SCHEDULING_NODES_KEY, WRITE))
 _MEMBERSHIP = MethodRule(Rule.KEYS, _service_key(MEMBERSHIP_KEY, READ))
 
 RULES: dict[str, MethodRule] = {
-    "/etcdserverpb.KV/Range": MethodRule(Rule.KEYS, needs.range_needs),
+    "/etcdserverpb.KV/Range": MethodRule(Rule.KEYS, needs.range_needs, read_only=True),
     "/etcdserverpb.KV/Put": MethodRule(Rule.KEYS, needs.put_needs, _put_leases),
     "/etcdserverpb.KV/DeleteRange": MethodRule(Rule.KEYS, needs.delete_needs),
     "/etcdserverpb.KV/Txn": MethodRule(Rule.KEYS, needs.txn_needs, needs.txn_leases),
@@ -235,10 +240,44 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             w = worded(e, rule.style)
             await context.abort(w.code, w.message)
 
+    async def _read(self, rule: MethodRule, inner: Any, request: Any,
+                    context: grpc.aio.ServicerContext) -> Any:
+        """A read-only call: the barrier and the read run together; the check gates the
+        answer (a refused caller gets the refusal, never the data)."""
+        guard = self.guard
+        try:
+            info = guard.identify(context.invocation_metadata(), context.auth_context())
+        except EtcdError as e:
+            await context.abort(e.code, e.message)
+        needs_of = list(rule.needs(request)) if rule.needs else []
+        barrier = asyncio.ensure_future(guard.barrier())
+        try:
+            IDENTITY.set(info)
+            resp = await inner(request, context)
+            await barrier
+        finally:
+            if not barrier.done():
+                barrier.cancel()
+                with contextlib.suppress(BaseException):
+                    await barrier
+        try:
+            guard.check(info, needs_of)
+        except EtcdError as e:
+            w = worded(e, rule.style)
+            await context.abort(w.code, w.message)
+        return resp
+
     def _wrap(self, handler: grpc.RpcMethodHandler, rule: MethodRule) -> Any:
         admit = self._admit
         kwargs = {"request_deserializer": handler.request_deserializer,
                   "response_serializer": handler.response_serializer}
+        if handler.unary_unary is not None and rule.read_only and self.guard.enabled:
+            inner_read = handler.unary_unary
+            read = self._read
+
+            async def unary_read(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                return await read(rule, inner_read, request, context)
+            return grpc.unary_unary_rpc_method_handler(unary_read, **kwargs)
         if handler.unary_unary is not None:
             inner_uu = handler.unary_unary
 
