@@ -251,16 +251,16 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             await context.abort(e.code, e.message)
         needs_of = list(rule.needs(request)) if rule.needs else []
         barrier = asyncio.ensure_future(guard.barrier())
+        IDENTITY.set(info)
         try:
-            IDENTITY.set(info)
             resp = await inner(request, context)
-            await barrier
-        finally:
-            if not barrier.done():
-                barrier.cancel()
-                with contextlib.suppress(BaseException):
-                    await barrier
+        except BaseException:  # the read failed or was cancelled: so is its barrier
+            barrier.cancel()
+            with contextlib.suppress(BaseException):
+                await barrier
+            raise
         try:
+            await barrier
             guard.check(info, needs_of)
         except EtcdError as e:
             w = worded(e, rule.style)

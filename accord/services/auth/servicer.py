@@ -76,6 +76,13 @@ class AuthServicer(rpc_pb2_grpc.AuthServicer):
         except EtcdError as e:
             await context.abort(e.code, e.message)
 
+    async def _fresh(self, context: grpc.aio.ServicerContext) -> None:
+        """Wait for the meta group's read barrier, or abort with why it failed."""
+        try:
+            await self._g.barrier()
+        except EtcdError as e:
+            await context.abort(e.code, e.message)
+
     async def _abort(self, context: grpc.aio.ServicerContext, e: EtcdError) -> NoReturn:
         await context.abort(e.code, e.message)
         raise AssertionError("unreachable")
@@ -102,7 +109,7 @@ class AuthServicer(rpc_pb2_grpc.AuthServicer):
                            context: grpc.aio.ServicerContext) -> rpc_pb2.AuthenticateResponse:
         """A token for a user whose password matches."""
         g = self._g
-        await g.barrier()
+        await self._fresh(context)
         store = g.machine.store
         if not store.enabled:
             return await self._abort(context, errors.AUTH_NOT_ENABLED)
@@ -173,7 +180,7 @@ class AuthServicer(rpc_pb2_grpc.AuthServicer):
     async def _read_check(self, context: grpc.aio.ServicerContext, allowed: bool) -> None:
         """Root may read everything; others only what ``allowed`` says (etcd's rule)."""
         g = self._g
-        await g.barrier()
+        await self._fresh(context)
         info = current_identity()
         try:
             g.check_admin(info)
