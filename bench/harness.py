@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 
 from accord.client.tls import TLSOptions, sync_channel  # noqa: E402
 from accord.node.certs import CertFiles, make_cluster_pki  # noqa: E402
-from accord.proto import rpc_pb2  # noqa: E402
+from accord.proto import auth_pb2, rpc_pb2  # noqa: E402
 from accord.proto import rpc_pb2_grpc as _rpc_grpc  # noqa: E402
 
 rpc_pb2_grpc: Any = _rpc_grpc  # generated stubs are untyped
@@ -281,6 +281,42 @@ class Cluster(abc.ABC):
 
     def rss(self) -> list[int]:
         return [rss_bytes(m.pid) for m in self.members]
+
+
+BENCH_USER = ("bench", "bench-password")
+
+
+def enable_auth(cluster: Cluster, timeout: float = 30.0) -> str:
+    """etcd's auth on ``cluster``: root, a role with readwrite on ``bench/`` and
+    ``__bench_ready``, user ``bench`` holding it; auth on. Returns a token for ``bench``."""
+    rw = auth_pb2.Permission.READWRITE
+    with cluster.members[0].channel() as ch:
+        a = rpc_pb2_grpc.AuthStub(ch)
+        deadline = time.monotonic() + timeout
+        while True:  # a loaded machine can drop the first (TLS) connection
+            try:
+                a.UserAdd(rpc_pb2.AuthUserAddRequest(name="root", password="bench-root"),
+                          timeout=timeout)
+                break
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        a.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="root"), timeout=timeout)
+        a.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user="root", role="root"),
+                        timeout=timeout)
+        a.RoleAdd(rpc_pb2.AuthRoleAddRequest(name="bench"), timeout=timeout)
+        for key, end in ((b"bench/", b"bench0"), (b"__bench_ready", b"")):
+            a.RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(
+                name="bench", perm=auth_pb2.Permission(permType=rw, key=key, range_end=end)),
+                timeout=timeout)
+        a.UserAdd(rpc_pb2.AuthUserAddRequest(name=BENCH_USER[0], password=BENCH_USER[1]),
+                  timeout=timeout)
+        a.UserGrantRole(rpc_pb2.AuthUserGrantRoleRequest(user=BENCH_USER[0], role="bench"),
+                        timeout=timeout)
+        a.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=timeout)
+        return str(a.Authenticate(rpc_pb2.AuthenticateRequest(
+            name=BENCH_USER[0], password=BENCH_USER[1]), timeout=timeout).token)
 
 
 class EtcdCluster(Cluster):

@@ -23,6 +23,11 @@ system goes first) and reports medians over the rounds:
   per million keys;
 * ``--profile S``: py-spy samples accord's leader for S seconds under put:256
   (``--profile-cell watch:1000`` for another cell);
+* ``--auth``: an etcd and an accord with auth on (a user whose role has readwrite on
+  the bench keys; every call carries its simple token) run ``--auth-cells`` (default
+  put:1, get:1, put:256) in the same rounds, and with ``--tls`` also a pair under mutual
+  TLS with auth on; each as a ratio to the same system without auth and to etcd with the
+  same settings;
 * ``--tls``: a second etcd and a second accord, both under mutual TLS on every port with
   the same certificates' kind and etcd's flags (``bench/harness.py``), run the
   ``--tls-cells`` (default put:1, get:1, put:256) in the same rounds; each TLS figure is
@@ -51,7 +56,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.harness import AccordCluster, Cluster, EtcdCluster, Harness, machine  # noqa: E402
+from bench.harness import (  # noqa: E402
+    AccordCluster,
+    Cluster,
+    EtcdCluster,
+    Harness,
+    enable_auth,
+    machine,
+)
 from bench.loadgen import LoadGen, Result, Spec  # noqa: E402
 from bench.profiling import hot_spots, py_spy, record  # noqa: E402
 
@@ -63,6 +75,10 @@ FLOOR_CELLS = {"put:1", "get:1"}
 MIB = 1 << 20
 TLS_CELLS = "put:1,get:1,put:256"
 TLS_SYSTEMS = ("etcd tls", "accord tls")
+AUTH_CELLS = "put:1,get:1,put:256"
+AUTH_SYSTEMS = ("etcd auth", "accord auth", "etcd tls auth", "accord tls auth")
+"""With ``--auth``: a user whose role has readwrite on the bench keys, every call carrying
+its simple token; the ``tls`` pair (with ``--tls``) is under mutual TLS as well."""
 
 
 def ordered_endpoints(c: Cluster) -> list[str]:
@@ -159,12 +175,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run --tls-cells on an etcd and an accord under mutual TLS")
     p.add_argument("--tls-cells", default=TLS_CELLS,
                    help=f"cells run under TLS with --tls (default {TLS_CELLS})")
+    p.add_argument("--auth", action="store_true",
+                   help="also run --auth-cells on an etcd and an accord with auth on "
+                        "(and, with --tls, on a pair under mutual TLS with auth on)")
+    p.add_argument("--auth-cells", default=AUTH_CELLS,
+                   help=f"cells run with auth on with --auth (default {AUTH_CELLS})")
     p.add_argument("--accord-args", default="",
                    help="extra flags for every accord serve, e.g. \"--shards 1 --gossip-listen off\"")
     args = p.parse_args(argv)
     cells = [c.strip() for c in args.cells.split(",") if c.strip()]
     tls_cells = [c.strip() for c in args.tls_cells.split(",") if c.strip()] if args.tls else []
     cells += [c for c in tls_cells if c not in cells]
+    auth_cells = [c.strip() for c in args.auth_cells.split(",") if c.strip()] if args.auth else []
+    cells += [c for c in auth_cells if c not in cells]
     for cell in cells:  # validate the cells before starting anything
         try:
             spec_for(cell, ["x"], args, "etcd", 0)
@@ -188,9 +211,22 @@ def main(argv: list[str] | None = None) -> int:
         if tls_cells:
             systems["etcd tls"] = h.etcd(tls=True)
             systems["accord tls"] = h.accord(extra=tuple(args.accord_args.split()), tls=True)
+        tokens: dict[str, str] = {}
+        if auth_cells:
+            (h.root / "auth").mkdir()
+            pairs = [("", False), (" tls", True)] if args.tls else [("", False)]
+            for suffix, tls in pairs:
+                pair: dict[str, Cluster] = {
+                    f"etcd{suffix} auth": EtcdCluster(h.root / "auth", tls=tls),
+                    f"accord{suffix} auth": AccordCluster(
+                        h.root / "auth", extra=tuple(args.accord_args.split()), tls=tls)}
+                for name, sys_ in pair.items():
+                    h.add(sys_)
+                    systems[name] = sys_
+                    tokens[name] = enable_auth(sys_)
         for rep in range(args.reps):
             for i, cell in enumerate(cells):
-                order = ["etcd", "accord", "null", "floor", *TLS_SYSTEMS]
+                order = ["etcd", "accord", "null", "floor", *TLS_SYSTEMS, *AUTH_SYSTEMS]
                 if (rep + i) % 2:
                     order.reverse()
                 for name in order:
@@ -200,12 +236,15 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     if name in TLS_SYSTEMS and cell not in tls_cells:
                         continue
+                    if name in AUTH_SYSTEMS and (name not in systems or cell not in auth_cells):
+                        continue
                     c = systems["null fan-out" if name == "null" and cell.startswith("watch") else name]
                     spec = spec_for(cell, ordered_endpoints(c), args, name, rep)
                     spec.tls = tls_files(c)
+                    spec.token = tokens.get(name, "")
                     r = lg.run(spec)
                     results.setdefault((cell, name), []).append(r)
-                    print(f"  round {rep + 1} {cell:<10} {name:<10} {r.ops_s:9.0f} ops/s "
+                    print(f"  round {rep + 1} {cell:<10} {name:<15} {r.ops_s:9.0f} ops/s "
                           f"p50 {fmt(r.p50_ms)} p99 {fmt(r.p99_ms)} ms errors {r.errors}",
                           file=sys.stderr, flush=True)
         prof: dict[str, Any] = {}
@@ -239,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios: dict[str, float] = {}
     for cell in cells:
         row: dict[str, Any] = {}
-        for name in ("etcd", "accord", "null", "floor", *TLS_SYSTEMS):
+        for name in ("etcd", "accord", "null", "floor", *TLS_SYSTEMS, *AUTH_SYSTEMS):
             rs = results.get((cell, name))
             if rs:
                 row[name] = {"ops_s": median([r.ops_s for r in rs]),
@@ -303,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fmt(at.get('ops_s', nan), 0):>12}{fmt(tls_r['accord_tls/accord']):>8}"
                   f"{fmt(at.get('p99_ms', nan)):>8}{fmt(tls_r['accord_tls/etcd_tls']):>8}"
                   f"{fmt(tls_r['accord_tls/etcd_tls_p99']):>8}")
+    for suffix, what in (("", "auth on (simple tokens)"),
+                         (" tls", "mutual TLS on every port and auth on")):
+        print_auth_table(auth_cells, table, ratios, suffix, what)
     if memory:
         print(f"\nmemory, {args.mem_keys} keys of 256 B loaded (extrapolated linearly to 1M):")
         for name, m in memory.items():
@@ -329,6 +371,38 @@ def main(argv: list[str] | None = None) -> int:
                 "profile": prof, "wall_s": round(time.time() - started)})
     print(json.dumps(clean(out), allow_nan=False))
     return 0
+
+
+def print_auth_table(cells: list[str], table: dict[str, Any], ratios: dict[str, float],
+                     suffix: str, what: str) -> None:
+    """The auth cells of the ``etcd<suffix> auth`` / ``accord<suffix> auth`` pair: each as
+    a ratio to the same system without auth (plain, or TLS for the TLS pair) and accord's
+    to etcd's with the same settings."""
+    e_name, a_name = f"etcd{suffix} auth", f"accord{suffix} auth"
+    rows = [cell for cell in cells if a_name in table[cell]]
+    if not rows:
+        return
+    e_base, a_base = f"etcd{suffix}".strip(), f"accord{suffix}".strip()
+    print(f"\n{what}, same cells, same rounds ({e_base}/{a_base}: the same without auth):")
+    hdr = (f"{'cell':<11}{e_name:>15}{'/' + e_base:>10}{a_name:>17}{'/' + a_base:>12}"
+           f"{'p99 ms':>8}{'a/e':>7}{'p99 a/e':>8}")
+    print(hdr)
+    nan = float("nan")
+    tag = f"{suffix.strip()}_auth".lstrip("_")
+    for cell in rows:
+        row = table[cell]
+        ev, av = row.get(e_name, {}), row[a_name]
+        e, a = row.get(e_base, {}), row.get(a_base, {})
+        r = {f"etcd_{tag}/{e_base.replace(' ', '_')}": ratio_of(ev, e),
+             f"accord_{tag}/{a_base.replace(' ', '_')}": ratio_of(av, a),
+             f"accord_{tag}/etcd_{tag}": ratio_of(av, ev),
+             f"accord_{tag}/etcd_{tag}_p99": ratio_of(av, ev, "p99_ms")}
+        for k, v in r.items():
+            ratios[f"{cell}/{k}"] = round(v, 3)
+        q = list(r.values())
+        print(f"{cell:<11}{fmt(ev.get('ops_s', nan), 0):>15}{fmt(q[0]):>10}"
+              f"{fmt(av.get('ops_s', nan), 0):>17}{fmt(q[1]):>12}{fmt(av.get('p99_ms', nan)):>8}"
+              f"{fmt(q[2]):>7}{fmt(q[3]):>8}")
 
 
 def ratio_of(x: dict[str, float], y: dict[str, float], key: str = "ops_s") -> float:

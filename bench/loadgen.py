@@ -22,6 +22,8 @@ Workloads (``Spec.workload``):
   renewing them in turn; the latency is per keepalive round trip;
 * ``load``: put ``total`` distinct keys once each (memory measurement), no time limit.
 
+A Spec with a ``token`` sends it on every call, as etcd's clients do once logged in.
+
 Clients are spread round-robin over the endpoints in the order given (the first client
 of every worker on the first endpoint), so callers put the leader first.
 """
@@ -72,6 +74,8 @@ class Spec:
     """Reads fail when a seeded key is missing (off for the do-nothing server)."""
     tls: tuple[str, str, str] | None = None
     """(CA, certificate, key) files: dial the endpoints over mutual TLS."""
+    token: str = ""
+    """An auth token every call carries as ``token`` metadata (etcd's clients' way)."""
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from accord.client.tls import TLSOptions, aio_channel
+from accord.client.tls import TLSOptions, aio_channel, split_endpoint
 from accord.proto import rpc_pb2
 from accord.proto import rpc_pb2_grpc as _rpc_grpc
 from bench.loadgen import READ_KEYS, RPC_TIMEOUT, Spec, random_value, share, stamp, unstamp
@@ -86,6 +86,23 @@ async def closed_loop(ops: list[Op], start: float, end: float) -> RunResult:
     return res
 
 
+class _Token(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    """Adds ``token`` metadata to every call (an authenticated etcd client)."""
+
+    def __init__(self, token: str) -> None:
+        self.md = (("token", token),)
+
+    def _details(self, details: Any) -> Any:
+        return details._replace(metadata=tuple(details.metadata or ()) + self.md)
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any,
+                                      request_iterator: Any) -> Any:
+        return await continuation(self._details(details), request_iterator)
+
+
 class Worker:
     """One worker process's channels, state and workloads."""
 
@@ -94,17 +111,27 @@ class Worker:
         self.count = count
         self.channels: dict[str, grpc.aio.Channel] = {}
         self.tls: TLSOptions | None = None
+        self.token = ""
+        """The token of the spec being prepared (channels are per endpoint and token)."""
         """How the current spec's endpoints are dialed (set by ``prepare``)."""
         self.seeded: set[tuple[str, ...]] = set()
         self.leases: dict[tuple[str, ...], list[int]] = {}
 
     def channel(self, endpoint: str) -> grpc.aio.Channel:
-        ch = self.channels.get(endpoint)
+        key = f"{endpoint} {self.token}"
+        ch = self.channels.get(key)
         if ch is None:
             options = [("grpc.max_receive_message_length", -1)]
             url = f"https://{endpoint}" if self.tls is not None else endpoint
-            ch = aio_channel(url, self.tls, options)
-            self.channels[endpoint] = ch
+            if self.token:  # an authenticated client: the token on every call
+                target, secure = split_endpoint(url, self.tls)
+                auth = [_Token(self.token)]
+                ch = (grpc.aio.secure_channel(target, (self.tls or TLSOptions()).credentials(),
+                                              options=options, interceptors=auth) if secure
+                      else grpc.aio.insecure_channel(target, options=options, interceptors=auth))
+            else:
+                ch = aio_channel(url, self.tls, options)
+            self.channels[key] = ch
         return ch
 
     def kv(self, endpoint: str) -> rpc_pb2_grpc.KVStub:
@@ -127,6 +154,7 @@ class Worker:
     async def prepare(self, spec: Spec) -> Runner:
         """Do ``spec``'s setup; return its runner."""
         self.tls = TLSOptions(*spec.tls) if spec.tls else None
+        self.token = spec.token
         make = getattr(self, f"_w_{spec.workload}")
         runner: Runner = await make(spec)
         return runner

@@ -6,15 +6,26 @@ is a ReadIndex on the meta group (``docs/security.md`` has the reasoning and the
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import grpc
 
 from accord.node.backend import unavailable
 from accord.node.config import Config
 from accord.node.members import META_GROUP
 from accord.raft.host.multiraft import GroupUnavailable, MultiRaftHost
 from accord.services.auth.guard import AuthGuard
-from accord.services.auth.statemachine import AuthStateMachine
+from accord.services.auth.statemachine import AUTH_FORMAT, AuthStateMachine
 from accord.services.auth.tokens import SimpleTokens, parse_token_spec
+from accord.services.cluster.members import ClusterStateMachine
+from accord.services.kv.errors import EtcdError
+
+GATE_WAIT_S = 5.0
+"""How long an auth change waits for every member to advertise ``AUTH_FORMAT`` (members
+advertise at start) before it is refused."""
+MSG_OLD_MEMBERS = ("accord: auth changes need every member to apply command format "
+                   f"{AUTH_FORMAT}; upgrade every member first (docs/operations.md)")
 
 
 def auth_machine(cfg: Config) -> AuthStateMachine:
@@ -22,10 +33,17 @@ def auth_machine(cfg: Config) -> AuthStateMachine:
     return AuthStateMachine(SimpleTokens(ttl_s=cfg.auth_token_ttl))
 
 
-def auth_guard(cfg: Config, machine: AuthStateMachine, host: MultiRaftHost) -> AuthGuard:
-    """The guard of this node: commits and barriers on the meta group."""
+def auth_guard(cfg: Config, cluster: ClusterStateMachine, host: MultiRaftHost) -> AuthGuard:
+    """The guard of this node: commits (behind the version gate) and barriers on the
+    meta group."""
 
     async def commit(command: bytes) -> Any:
+        for _ in range(int(GATE_WAIT_S / 0.1)):
+            if cluster.min_command_format() >= AUTH_FORMAT:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise EtcdError(grpc.StatusCode.FAILED_PRECONDITION, MSG_OLD_MEMBERS)
         try:
             return await host.propose(META_GROUP, command)
         except GroupUnavailable as e:
@@ -39,7 +57,7 @@ def auth_guard(cfg: Config, machine: AuthStateMachine, host: MultiRaftHost) -> A
 
     spec = parse_token_spec(cfg.auth_token)
     return AuthGuard(
-        machine, commit=commit, barrier=barrier,
+        cluster.auth, commit=commit, barrier=barrier,
         jwt=spec.jwt() if spec.kind == "jwt" else None,
         client_cert_auth=cfg.client_cert_auth,
         bcrypt_cost=cfg.bcrypt_cost,

@@ -66,6 +66,7 @@ from accord.raft.storage.snapshot import SnapshotStore
 from accord.raft.storage.wal import WriteAheadLog, fsync_dir
 from accord.raft.transport.links import PeerTransport
 from accord.raft.transport.tls import PeerTLS
+from accord.services.auth.statemachine import AUTH_FORMAT
 from accord.services.cluster.members import ClusterStateMachine, MemberRecord, ShardPlacement
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
@@ -191,7 +192,7 @@ class Node:
         calls = GrpcMetricsInterceptor()
         self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes),
                                  outer_interceptors=[calls],
-                                 auth=auth_guard(cfg, self.cluster.auth, self.host))
+                                 auth=auth_guard(cfg, self.cluster, self.host))
         for url, (h, p) in zip(cfg.listen_client_urls, cfg.client_listen_addresses(), strict=True):
             creds = (self.client_tls.grpc_credentials()
                      if self.client_tls is not None and cfg.client_url_is_tls(url) else None)
@@ -286,7 +287,8 @@ class Node:
         check()
         rose.clear()
         self.cluster.listeners.append(check)
-        cmd = ClusterStateMachine.encode_advertise(self.member_id, COMPACT_FORMAT)
+        cmd = ClusterStateMachine.encode_advertise(self.member_id,
+                                                   max(COMPACT_FORMAT, AUTH_FORMAT))
         while True:
             try:
                 await self.host.propose(META_GROUP, cmd, timeout=2.0)

@@ -29,6 +29,10 @@ from accord.services.auth.tokens import SimpleTokens
 from accord.services.kv.errors import EtcdError
 
 OP_PREFIX = "auth."
+AUTH_FORMAT = 3
+"""The meta-group command format from which a member applies ``auth.*`` commands. An
+older member would refuse them and stop applying its log, so they are proposed only once
+every member advertised it (the cluster-version gate, ``docs/operations.md``)."""
 
 ADMIN_OPS = frozenset({
     "enable", "disable", "user_add", "user_delete", "user_passwd", "user_grant",
