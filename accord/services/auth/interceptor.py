@@ -16,7 +16,8 @@ Rules (etcd 3.4's, measured, where etcd has the call):
   (``etcdctl role grant-permission ops read __accord/scheduling``): reading the
   scheduler (GetJob, ListJobs, WatchPlacements, ListNodes, Status) needs READ on
   ``__accord/scheduling``, changing it (SubmitJob, CancelJob, JobFinished, Drain/Undrain)
-  WRITE; GPU agents' RegisterNode/Heartbeat need WRITE on ``__accord/scheduling/nodes``;
+  WRITE; GPU agents' RegisterNode/Heartbeat/ReportTask need WRITE on
+  ``__accord/scheduling/nodes``;
   the Membership service needs READ on ``__accord/membership``.
 
 A method missing from the table needs root: a new service is closed until it is given
@@ -158,6 +159,7 @@ RULES: dict[str, MethodRule] = {
                                                  style=Style.CLIENT),
     "/accord.scheduling.v1.Scheduler/RegisterNode": _SCHED_NODES,
     "/accord.scheduling.v1.Scheduler/Heartbeat": _SCHED_NODES,
+    "/accord.scheduling.v1.Scheduler/ReportTask": _SCHED_NODES,
     "/accord.scheduling.v1.Scheduler/SubmitJob": _SCHED_WRITE,
     "/accord.scheduling.v1.Scheduler/CancelJob": _SCHED_WRITE,
     "/accord.scheduling.v1.Scheduler/JobFinished": _SCHED_WRITE,
