@@ -26,8 +26,12 @@ import itertools
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+from accord.raft.storage import format as format_module
+from accord.raft.storage import threads as threads_module
+from accord.raft.storage import wal as wal_module
 from accord.raft.storage.wal import WriteAheadLog
 
 from .model import Workload
@@ -40,6 +44,10 @@ MAX_BATCHES_PER_TASK = 400
 BUILDS = ("slow-sync", "ack-before-sync", "no-dir-fsync")
 
 
+def _no_sync(fd: Any) -> None:
+    """An fdatasync that does nothing (the broken ``ack-before-sync`` build's write)."""
+
+
 def patch_wal(mode: str) -> None:
     """Monkeypatch ``WriteAheadLog`` (in this process only) into another build.
 
@@ -47,14 +55,16 @@ def patch_wal(mode: str) -> None:
       so that a kill often lands between a write and its fdatasync;
     * ``ack-before-sync`` (broken): a batch is acknowledged after its write, and
       fdatasynced 20 ms later (a writer that answers first and syncs behind);
-    * ``no-dir-fsync`` (broken): the log's directory is never fsynced, so a segment
-      renamed into place (and a deleted one) is not durable.
+    * ``no-dir-fsync`` (broken): the log's directory is never fsynced after a segment
+      is created (prepared), renamed into place or deleted; the segment files' own
+      fsyncs stay. (Skipping only the rename's fsync would be caught only when a cut
+      lands before the next segment's preparation fsyncs the directory anyway.)
 
     Only a power cut tells the broken builds from the real log: a SIGKILL keeps the
     page cache.
     """
     if mode == "slow-sync":
-        def slow_sync(fd: int) -> None:
+        def slow_sync(fd: Any) -> None:
             time.sleep(0.02)
             os.fdatasync(fd)
 
@@ -69,7 +79,7 @@ def patch_wal(mode: str) -> None:
         write, notify = WriteAheadLog._write, WriteAheadLog._notify
 
         def late_write(self: WriteAheadLog, work: Any) -> None:
-            self._sync_file = lambda fd: None
+            self._sync_file = _no_sync
             try:
                 write(self, work)
             finally:
@@ -84,6 +94,21 @@ def patch_wal(mode: str) -> None:
         WriteAheadLog._write = late_write  # type: ignore[method-assign]
         WriteAheadLog._notify = early_notify  # type: ignore[method-assign]
     elif mode == "no-dir-fsync":
+        prepare = format_module.prepare_segment
+
+        def prepare_without_dir_fsync(path: Path, seq: int, room: int, *, sync: bool,
+                                      cancelled: Any = None) -> bool:
+            done: bool = prepare(path, seq, room, sync=False, cancelled=cancelled)
+            if done and sync:  # the file's own fsync, not its directory's
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            return done
+
+        for module in (wal_module, threads_module):  # the names they imported
+            module.__dict__["prepare_segment"] = prepare_without_dir_fsync
         WriteAheadLog._fsync_dir = lambda self: None  # type: ignore[method-assign]
     else:
         raise ValueError(f"unknown build {mode!r}; known: {', '.join(BUILDS)}")

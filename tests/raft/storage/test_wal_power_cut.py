@@ -10,7 +10,7 @@ damage. Small segments make every round create, preallocate, rotate into and del
 segments; a slow-disk build (``crash_writer.patch_wal``) makes kills land between a
 write and its fdatasync, so cuts tear records. Two deliberately broken builds
 (acknowledging before the fdatasync; never fsyncing the directory after a segment is
-renamed into place) must each be caught by the same check.
+created, renamed into place or deleted) must each be caught by the same check.
 
 Seeds: the writer's and the cut's seeds of every round are printed; set
 ``WAL_POWER_CUT_SEED`` to replay a run.
