@@ -8,10 +8,11 @@ node until all three have applied them. The figure is process CPU time
 replication path costs in the core itself. A second cell encodes and decodes every
 message the first cell sent (``accord.raft.transport.codec``), per message.
 
-It reports whether the core it ran is compiled (mypyc, a ``.so`` next to ``raft.py``) or
-pure Python; to compare, run it once from the built tree and once on a pure copy
-(``PYTHONPATH=<tree without .so files> python -P bench/core.py``), or build with
-``ACCORD_PURE_PYTHON=1`` (see ``setup.py``).
+It reports whether the core it ran is compiled (a mypyc ``.so`` next to ``raft.py``) or
+pure Python. To weigh a compiled core, compile a copy of the package (``mypyc
+accord/raft/core/*.py ...`` in a ``git archive`` of it) and run this with
+``PYTHONPATH=<that copy> python -P bench/core.py``, then once without (bench/README.md,
+"mypyc", has the figures of 2026-12-02).
 
 Usage: ``python bench/core.py [--entries 20000] [--batch 64] [--reps 5]``. Prints a table
 (best of ``--reps``: the run least disturbed by the machine's other tenants); the last
