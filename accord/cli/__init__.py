@@ -62,6 +62,12 @@ def _snapshot(argv: list[str]) -> int:
     return snapshot.main(argv)
 
 
+def _ckpt(argv: list[str]) -> int:
+    from accord.cli import ckpt
+
+    return ckpt.ckpt_main(argv)
+
+
 def _simulate(argv: list[str]) -> int:
     from accord.raft.simulation import demo
 
@@ -77,6 +83,7 @@ _COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "nodes": (_nodes, "members (SWIM): `accord nodes [watch]`; GPU nodes: "
                       "`accord nodes --gpus | ls|drain|undrain|register|agent`"),
     "snapshot": (_snapshot, "back up and restore: `accord snapshot save|status|restore`"),
+    "ckpt": (_ckpt, "checkpoint manifests: `accord ckpt ls|show|latest|gc|pin|unpin|verify`"),
     "wal": (_wal, "inspect a node's write-ahead log: `accord wal check DIR`"),
     "simulate": (_simulate, "watch a simulated Raft cluster elect, replicate and fail over"),
 }

@@ -20,6 +20,7 @@ import grpc
 
 from accord.client import stubs
 from accord.client.batch import DEFAULT_MAX_OPS, PutBatcher
+from accord.client.checkpoints import Checkpoints
 from accord.client.election import Election
 from accord.client.lock import Lock
 from accord.client.lockstore import ClientLockStore
@@ -62,6 +63,9 @@ class AccordClient:
                                  tls=tls)
         self.lock_store = ClientLockStore(self)
         self.recheck_s = recheck_s
+        # --- checkpoint manifests (accord/client/checkpoints.py) ---
+        self.checkpoints = Checkpoints(self.pool)
+        """The checkpoint manifest service: ``await client.checkpoints.manifest(job)``."""
 
     # --- raw calls ------------------------------------------------------------------------
     async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:

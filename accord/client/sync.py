@@ -17,6 +17,7 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
+from accord.client.checkpoints_sync import SyncCheckpoints
 from accord.client.client import AccordClient
 from accord.client.lock import Lock
 from accord.proto import kv_pb2
@@ -74,6 +75,9 @@ class SyncClient:
                                         daemon=True)
         self._thread.start()
         self._client: AccordClient = self.run(self._make(endpoints, options))
+        # --- checkpoint manifests (accord/client/checkpoints_sync.py) ---
+        self.checkpoints = SyncCheckpoints(self.run, self._client.checkpoints)
+        """Blocking access to the checkpoint manifest service."""
 
     @staticmethod
     async def _make(endpoints: Sequence[str] | str, options: dict[str, Any]) -> AccordClient:

@@ -8,7 +8,9 @@ and one gRPC server (``--listen-client-urls``) serving the etcd v3 API:
 * groups 2 and 101.. (``backend.kv_group``): the ``--shards`` shards of the key
   space (``KVStateMachine`` each), leases and watches;
 * group 3: the GPU scheduler (``SchedulerShard``): its leader computes placements
-  and commits them, so a failover loses no decision.
+  and commits them, so a failover loses no decision;
+* group 4: checkpoint manifests (``CheckpointGroup``): a job's commit is one entry; the
+  job's fencing tokens are checked against its coordinator lock in the KV store.
 
 Every member hosts a replica of every group. Members are added and removed at
 runtime through the meta group (``members.py``): a node started with
@@ -47,6 +49,8 @@ from typing import Any
 
 import grpc
 
+from accord.locks.recipe import holder as lock_holder
+from accord.locks.store import BackendLockStore
 from accord.node import logs
 from accord.node.auth import auth_guard, auth_machine
 from accord.node.backend import KV_GROUP, ReplicatedBackend, kv_group
@@ -67,6 +71,9 @@ from accord.raft.storage.wal import WriteAheadLog, fsync_dir
 from accord.raft.transport.links import PeerTransport
 from accord.raft.transport.tls import PeerTLS
 from accord.services.auth.statemachine import AUTH_FORMAT
+from accord.services.checkpoints.replicated import CHECKPOINT_GROUP, CheckpointGroup
+from accord.services.checkpoints.service import lock_name
+from accord.services.checkpoints.servicer import add_checkpoints_service
 from accord.services.cluster.members import ClusterStateMachine, MemberRecord, ShardPlacement
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
@@ -181,6 +188,10 @@ class Node:
         self.scheduling = SchedulerShard.on_host(self.host, self.member_id)
         self.host.add_group(SCHEDULING_GROUP, self.scheduling, recovered.get(SCHEDULING_GROUP),
                             voters=voters)
+        self.checkpoints = CheckpointGroup.on_host(self.host, self.member_id,
+                                                   holder=self._checkpoint_lock_holder)
+        self.host.add_group(CHECKPOINT_GROUP, self.checkpoints, recovered.get(CHECKPOINT_GROUP),
+                            voters=voters)
         self.metrics.watch_groups(self.host)  # before the first election
         peers = cfg.peer_candidates() if self.joined else cfg.peer_addresses()
         for nid, addr in peers.items():
@@ -207,6 +218,7 @@ class Node:
                 for url, (h, p) in zip(cfg.metrics_urls(), cfg.metrics_listen_addresses(),
                                        strict=True)])
         add_scheduler_service(self.grpc.server, self.scheduling)
+        add_checkpoints_service(self.grpc.server, self.checkpoints)
         add_debug_service(self.grpc.server, self)
         from accord.membership.servicer import add_membership_service
         from accord.node.gossip import node_membership
@@ -234,6 +246,12 @@ class Node:
         if cfg.leader_balance_interval > 0:
             self._tasks.append(asyncio.create_task(self._balance_loop(), name="leader-balance"))
         self._tasks.append(self.scheduling.start())
+        self._tasks.append(self.checkpoints.start())
+
+    async def _checkpoint_lock_holder(self, job: str) -> int | None:
+        """The fencing token of the holder of ``job``'s coordinator lock now (linearizable)."""
+        resp = await lock_holder(BackendLockStore(self.backend), lock_name(job))
+        return int(resp.kvs[0].create_revision) if resp.kvs else None
 
     def _metrics_tls(self) -> ssl.SSLContext:
         """The TLS context of an https:// metrics URL: the client certificate's, following
@@ -369,6 +387,8 @@ class Node:
             await self._health.stop()  # readiness says no from now on
         if self._prober is not None:
             await self._prober.stop()
+        if getattr(self, "checkpoints", None) is not None:
+            self.checkpoints.watchers.close()  # WatchLatest streams end before the server stops
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
