@@ -39,7 +39,8 @@ TIMEOUT = 20.0
 
 
 def _dump(msg: Any) -> dict[str, Any]:
-    out: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    out: dict[str, Any] = json_format.MessageToDict(
+        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
     return out
 
 

@@ -9,7 +9,6 @@ restarting job's watch sees the latest pointer move.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -18,16 +17,6 @@ from accord.client import AccordClient, ClientError
 from accord.client.checkpoint_writer import CheckpointCoordinator
 from accord.services.checkpoints.checksum import of_bytes
 from tests.integration.cluster import ProcCluster
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("ckpt-cluster"), 3)
-    try:
-        c.start_all()
-        yield c
-    finally:
-        c.stop_all()
 
 
 def shard(job: str, step: int, rank: int, token: int = 0) -> dict[str, object]:
