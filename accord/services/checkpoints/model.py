@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
+
 # ----- limits (documented in docs/checkpoints.md) -------------------------------------------
 
 MAX_SHARDS_PER_STEP = 65_536
@@ -211,27 +213,71 @@ class TensorSlice:
         if isinstance(w, dict):
             w = [w.get("name"), w.get("global_shape"), w.get("offsets"), w.get("sizes"),
                  w.get("dtype", "")]
-        if not isinstance(w, (list, tuple)) or len(w) != 5:
-            raise CheckpointError(f"{what}: a tensor entry is [name, global_shape, offsets, "
-                                  "sizes, dtype]")
+        # The fast path checks everything in one pass; only a refusal words its reason.
+        try:
+            name, shape, offsets, sizes, dtype = w
+            ok = (type(name) is str and 0 < len(name) and len(name.encode()) <= MAX_NAME_BYTES
+                  and len(shape) == len(offsets) == len(sizes) <= MAX_DIMS)
+            if ok:
+                for g, o, n in zip(shape, offsets, sizes, strict=True):
+                    if (type(g) is not int or type(o) is not int or type(n) is not int
+                            or o < 0 or n < 0 or o + n > g):
+                        ok = False
+                        break
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise CheckpointError(_tensor_problem(w, what))
+        return cls(name, tuple(shape), tuple(offsets), tuple(sizes),
+                   dtype[:32] if type(dtype) is str else "")
+
+    @classmethod
+    def check(cls, w: Any, what: str) -> list[Any]:
+        """Validate a tensor entry; its normalized wire form (no object is built)."""
+        t = cls.from_wire(w, what) if isinstance(w, dict) else None
+        if t is not None:
+            return t.to_wire()
+        try:
+            name, shape, offsets, sizes, dtype = w
+            ok = (type(name) is str and 0 < len(name) and len(name.encode()) <= MAX_NAME_BYTES
+                  and len(shape) == len(offsets) == len(sizes) <= MAX_DIMS)
+            if ok:
+                for g, o, n in zip(shape, offsets, sizes, strict=True):
+                    if (type(g) is not int or type(o) is not int or type(n) is not int
+                            or o < 0 or n < 0 or o + n > g):
+                        ok = False
+                        break
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise CheckpointError(_tensor_problem(w, what))
+        return [name, list(shape), list(offsets), list(sizes),
+                dtype[:32] if type(dtype) is str else ""]
+
+
+def _tensor_problem(w: Any, what: str) -> str:
+    """Why a tensor entry was refused (the slow path of ``TensorSlice.from_wire``)."""
+    if not isinstance(w, (list, tuple)) or len(w) != 5:
+        return f"{what}: a tensor entry is [name, global_shape, offsets, sizes, dtype]"
+    try:
         name = _name(w[0], f"{what}: tensor name")
-        dims = []
-        for label, v in zip(("global_shape", "offsets", "sizes"), w[1:4], strict=True):
-            if not isinstance(v, (list, tuple)) or len(v) > MAX_DIMS or any(
-                    isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v):
-                raise CheckpointError(f"{what}: tensor {name!r}: {label} must be at most "
-                                      f"{MAX_DIMS} integers >= 0")
-            dims.append(tuple(v))
-        shape, offsets, sizes = dims
-        if not (len(shape) == len(offsets) == len(sizes)):
-            raise CheckpointError(f"{what}: tensor {name!r}: global_shape, offsets and sizes "
-                                  "need the same number of dimensions")
-        for d, (g, o, s) in enumerate(zip(shape, offsets, sizes, strict=True)):
-            if o + s > g:
-                raise CheckpointError(f"{what}: tensor {name!r}: dimension {d}: offset {o} + "
-                                      f"size {s} exceeds the global size {g}")
-        dtype = w[4] if isinstance(w[4], str) else ""
-        return cls(name, shape, offsets, sizes, dtype[:32])
+    except CheckpointError as e:
+        return str(e)
+    dims = []
+    for label, v in zip(("global_shape", "offsets", "sizes"), w[1:4], strict=True):
+        if not isinstance(v, (list, tuple)) or len(v) > MAX_DIMS or any(
+                isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v):
+            return f"{what}: tensor {name!r}: {label} must be at most {MAX_DIMS} integers >= 0"
+        dims.append(v)
+    shape, offsets, sizes = dims
+    if not (len(shape) == len(offsets) == len(sizes)):
+        return (f"{what}: tensor {name!r}: global_shape, offsets and sizes need the same "
+                "number of dimensions")
+    for d, (g, o, s) in enumerate(zip(shape, offsets, sizes, strict=True)):
+        if o + s > g:
+            return (f"{what}: tensor {name!r}: dimension {d}: offset {o} + size {s} exceeds "
+                    f"the global size {g}")
+    return f"{what}: tensor {name!r} is not valid"  # pragma: no cover - the fast path agrees
 
 
 @dataclass(slots=True, frozen=True)
@@ -288,31 +334,52 @@ class Checksum:
 
 @dataclass(slots=True, frozen=True)
 class Shard:
-    """One registered shard: who wrote it, where it is, how big, its checksum and index."""
+    """One registered shard: who wrote it, where it is, how big, its checksum and index.
+
+    The tensor index is kept msgpack-packed (``index``): it is validated once, at
+    registration, and only read back whole (by loaders and snapshots), so a 4,096-shard
+    step costs a few objects per shard instead of several per tensor."""
 
     shard_id: str
     rank: int
     size: int
     checksum: Checksum
     locations: tuple[Location, ...]
-    tensors: tuple[TensorSlice, ...] = ()
+    index: bytes = b""
+    """msgpack of ``[[name, global_shape, offsets, sizes, dtype], ...]``."""
 
     @property
     def uri(self) -> str:
         """The primary location's URL."""
         return self.locations[0].uri
 
+    @property
+    def tensors(self) -> tuple[TensorSlice, ...]:
+        """The tensor index, decoded."""
+        if not self.index:
+            return ()
+        return tuple(TensorSlice(n, tuple(g), tuple(o), tuple(z), d)
+                     for n, g, o, z, d in msgpack.unpackb(self.index, raw=False))
+
     def uris(self) -> list[str]:
         return [loc.uri for loc in self.locations]
 
     def to_wire(self) -> dict[str, Any]:
+        """The snapshot form (the index stays packed: see :meth:`restore`)."""
         return {"shard_id": self.shard_id, "rank": self.rank, "size": self.size,
                 "checksum": self.checksum.to_wire(),
-                "locations": [loc.to_wire() for loc in self.locations],
-                "tensors": [t.to_wire() for t in self.tensors]}
+                "locations": [loc.to_wire() for loc in self.locations], "index": self.index}
+
+    @classmethod
+    def restore(cls, d: dict[str, Any]) -> Shard:
+        """A shard from a snapshot this state machine wrote (validated when registered)."""
+        return cls(str(d["shard_id"]), int(d["rank"]), int(d["size"]),
+                   Checksum(*d["checksum"]), tuple(Location(u, t) for u, t in d["locations"]),
+                   bytes(d["index"]))
 
     @classmethod
     def from_wire(cls, d: Any) -> Shard:
+        """A shard from a register command, validated (``tensors`` as entry lists)."""
         sid = _name(_field(d, "shard_id", str, "shard"), "shard id")
         what = f"shard {sid!r}"
         rank = _field(d, "rank", int, what)
@@ -338,13 +405,14 @@ class Shard:
         if len(tensors_w) > MAX_TENSORS_PER_SHARD:
             raise CheckpointError(f"{what}: {len(tensors_w)} tensor entries; at most "
                                   f"{MAX_TENSORS_PER_SHARD}", "too_large")
-        tensors = tuple(TensorSlice.from_wire(t, what) for t in tensors_w)
-        return cls(sid, rank, size, checksum, tuple(locs), tensors)
+        index = [TensorSlice.check(t, what) for t in tensors_w]
+        packed = bytes(msgpack.packb(index, use_bin_type=True)) if index else b""
+        return cls(sid, rank, size, checksum, tuple(locs), packed)
 
     def wire_bytes(self) -> int:
-        """A cheap estimate of this shard's encoded size (counts toward the manifest limit)."""
-        n = 64 + len(self.shard_id) + sum(len(loc.uri) + 16 for loc in self.locations)
-        return n + sum(len(t.name) + 16 + 24 * len(t.global_shape) for t in self.tensors)
+        """About this shard's encoded size (counts toward the manifest limit)."""
+        return 64 + len(self.shard_id) + sum(len(loc.uri) + 16 for loc in self.locations) + len(
+            self.index)
 
 
 # ----- retention ---------------------------------------------------------------------------------
@@ -430,7 +498,7 @@ class Step:
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Step:
-        shards = [Shard.from_wire(s) for s in d["shards"]]
+        shards = [Shard.restore(s) for s in d["shards"]]
         st = cls(int(d["step"]), str(d["state"]), int(d["token"]),
                  Layout.from_wire(d["layout"]), {str(k): int(v) for k, v in d["expected"]},
                  float(d["begun_at"]), float(d["deadline"]), float(d["lease_s"]),

@@ -1,0 +1,192 @@
+"""Checkpoint manifest benchmark on a local 3-node accord cluster.
+
+1. commit: a 4,096-rank job (512 hosts x 8 ranks): each host registers its 8 shards in
+   one ``RegisterShards`` call, all hosts at once, then the coordinator commits. The
+   figure is the time from the first registration sent to the committed pointer
+   returned (goal: under 1 s, median of 5 steps). Each shard carries a 4-entry tensor
+   index, so a call is a realistic ~2 KB.
+2. many jobs: ``--jobs`` jobs x ``--steps`` committed steps each (1 shard per step), then
+   ``ls`` of one job (ListSteps), ``ls`` of every job (ListJobs), and GC of every job
+   with keep-last-5 (one Raft entry deleting 15 of 20 steps per job), a second GC
+   (nothing left to delete) and a dry run, with timings.
+
+There is no etcd yardstick here: etcd has no checkpoint service (its nearest is one
+Txn per registration against a counter key, which this does not pretend to be).
+
+Usage: python bench/checkpoints.py [--reps 5] [--hosts 512] [--ranks-per-host 8]
+                                   [--jobs 1000] [--steps 20] [--quick]
+The last line printed is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from accord.client.checkpoint_writer import CheckpointCoordinator
+from accord.client.checkpoints import shard_message
+from accord.client.client import AccordClient
+from accord.services.checkpoints.checksum import of_bytes
+from bench.harness import Harness, machine
+
+
+def _shard(job: str, step: int, rank: int, token: int, tensors: int) -> dict[str, Any]:
+    body = f"{job}/{step}/{rank}".encode()
+    return {"shard_id": f"rank-{rank:05d}", "rank": rank, "size": 1 << 28,
+            "checksum": list(of_bytes(body, "sha256").to_wire()),
+            "uri": f"s3://bench-ckpt/{job}/step-{step:010d}/rank-{rank:05d}.t{token}.safetensors",
+            "tensors": [[f"layers.{rank % 80}.w{i}", [8192, 8192 * 8], [0, 8192 * (rank % 8)],
+                         [8192, 8192], "bfloat16"] for i in range(tensors)]}
+
+
+async def part_commit(eps: list[str], hosts: int, per_host: int, reps: int,
+                      clients: int) -> dict[str, Any]:
+    ranks = hosts * per_host
+    print(f"\n== commit: {ranks} ranks ({hosts} hosts x {per_host}), one RegisterShards "
+          f"call per host, {clients} client channels; {reps} steps")
+    print(f"{'step':>5} {'register s':>11} {'commit s':>9} {'total s':>8}")
+    pool = [AccordClient(eps[i % len(eps):] + eps[:i % len(eps)], call_timeout_s=30)
+            for i in range(clients)]
+    totals, regs, commits = [], [], []
+    try:
+        async with CheckpointCoordinator(pool[0], "bench-4096") as coord:
+            expected = [(f"rank-{r:05d}", r) for r in range(ranks)]
+            for step in range(1, reps + 1):
+                await coord.begin(step, layout={"world_size": ranks, "dp": ranks // 64,
+                                                "tp": 8, "pp": 8}, expected=expected)
+                # Each host builds its own request in its own process: built before the
+                # clock starts, so one client process does not stand in for 512 hosts' CPUs.
+                calls = [[shard_message(_shard("bench-4096", step, h * per_host + i,
+                                               coord.token, 4)) for i in range(per_host)]
+                         for h in range(hosts)]
+                t0 = time.perf_counter()
+                answers = await asyncio.gather(*(
+                    pool[h % clients].checkpoints.register_shards("bench-4096", step,
+                                                                  coord.token, calls[h])
+                    for h in range(hosts)))
+                t1 = time.perf_counter()
+                latest = await coord.commit(step)
+                t2 = time.perf_counter()
+                assert latest == step and sum(a.registered for a in answers) == ranks
+                regs.append(t1 - t0)
+                commits.append(t2 - t1)
+                totals.append(t2 - t0)
+                print(f"{step:>5} {t1 - t0:>11.3f} {t2 - t1:>9.3f} {t2 - t0:>8.3f}")
+    finally:
+        for c in pool:
+            await c.close()
+    med = statistics.median(totals)
+    print(f"median {med:.3f} s from the first registration to the committed pointer "
+          f"(goal < 1 s: {'met' if med < 1.0 else 'NOT met'})")
+    return {"ranks": ranks, "hosts": hosts, "median_s": round(med, 3),
+            "median_register_s": round(statistics.median(regs), 3),
+            "median_commit_s": round(statistics.median(commits), 4),
+            "all_s": [round(x, 3) for x in totals], "goal_met": med < 1.0}
+
+
+async def _fill_job(client: AccordClient, job: str, steps: int) -> None:
+    async with CheckpointCoordinator(client, job) as coord:
+        for step in range(1, steps + 1):
+            await coord.begin(step * 100, layout={"world_size": 1}, expected=[("rank-00000", 0)])
+            await client.checkpoints.register_shards(
+                job, step * 100, coord.token, [_shard(job, step * 100, 0, coord.token, 1)])
+            await coord.commit(step * 100)
+
+
+async def _timed(n: int, fn: Any) -> float:
+    """Median seconds of ``n`` sequential calls of ``fn()``."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+async def part_many(eps: list[str], jobs: int, steps: int, concurrency: int) -> dict[str, Any]:
+    print(f"\n== many jobs: {jobs} jobs x {steps} steps (1 shard each), {concurrency} jobs "
+          "filled at a time")
+    pool = [AccordClient(eps[i % len(eps):] + eps[:i % len(eps)], call_timeout_s=30)
+            for i in range(8)]
+    try:
+        t0 = time.perf_counter()
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(i: int) -> None:
+            async with sem:
+                await _fill_job(pool[i % len(pool)], f"job-{i:05d}", steps)
+
+        await asyncio.gather(*(one(i) for i in range(jobs)))
+        fill = time.perf_counter() - t0
+        ck = pool[0].checkpoints
+        print(f"filled {jobs * steps} committed steps in {fill:.1f} s "
+              f"({jobs * steps / fill:.0f} steps/s, 3 RPCs each)")
+        ls_one = await _timed(20, lambda: ck.steps("job-00000"))
+        ls_all = await _timed(5, ck.jobs)
+        await asyncio.gather(*(pool[i % len(pool)].checkpoints.set_retention(
+            f"job-{i:05d}", keep_last=5) for i in range(jobs)))
+        dry = await _timed(3, lambda: ck.gc([], dry_run=True, timeout=120))
+        t0 = time.perf_counter()
+        report = await ck.gc([], timeout=120)
+        gc = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        again = await ck.gc([], timeout=120)
+        gc2 = time.perf_counter() - t0
+        assert len(report.deleted) == jobs * max(0, steps - 5) and not again.deleted
+        print(f"{'operation':<44} {'seconds':>8}")
+        for name, v in (("ls of one job (ListSteps, median of 20)", ls_one),
+                        (f"ls of all {jobs} jobs (ListJobs, median of 5)", ls_all),
+                        ("gc dry run, all jobs (median of 3)", dry),
+                        (f"gc, all jobs: {len(report.deleted)} steps deleted", gc),
+                        ("gc again, nothing to delete", gc2)):
+            print(f"{name:<44} {v:>8.3f}")
+        print(f"gc reported {report.deletable_total} objects safe to delete")
+        return {"jobs": jobs, "steps": steps, "fill_s": round(fill, 1),
+                "ls_one_job_s": round(ls_one, 4), "ls_all_jobs_s": round(ls_all, 4),
+                "gc_dry_run_s": round(dry, 3), "gc_s": round(gc, 3),
+                "gc_again_s": round(gc2, 3), "gc_deleted_steps": len(report.deleted),
+                "gc_deletable_objects": int(report.deletable_total)}
+    finally:
+        for c in pool:
+            await c.close()
+
+
+async def run(a: argparse.Namespace, eps: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"machine": machine()}
+    out["commit"] = await part_commit(eps, a.hosts, a.ranks_per_host, a.reps, a.clients)
+    out["many_jobs"] = await part_many(eps, a.jobs, a.steps, a.concurrency)
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--hosts", type=int, default=512)
+    p.add_argument("--ranks-per-host", type=int, default=8)
+    p.add_argument("--clients", type=int, default=16, help="client channels for the ranks")
+    p.add_argument("--jobs", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--concurrency", type=int, default=64, help="jobs filled at a time")
+    p.add_argument("--quick", action="store_true", help="100 jobs, 3 reps")
+    a = p.parse_args()
+    if a.quick:
+        a.jobs, a.reps = min(a.jobs, 100), min(a.reps, 3)
+    print(f"machine: {machine()}")
+    with Harness() as h:
+        cluster = h.accord()
+        figures = asyncio.run(run(a, list(cluster.endpoints)))
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
