@@ -8,8 +8,9 @@
     accord ckpt pin JOB STEP | unpin JOB STEP
     accord ckpt verify JOB [STEP] [--all-locations]   # sizes and checksums, via fsspec
 
-Tables by default, ``--json`` for one JSON document. Endpoints come from ``--endpoints``
-or ``ACCORD_ENDPOINTS`` (default ``127.0.0.1:2379``). ``verify`` draws a progress bar on
+Tables by default, ``--json`` for one JSON document. Endpoints and TLS options as every
+client subcommand takes them (``--endpoints`` or ``ACCORD_ENDPOINTS``, default
+``127.0.0.1:2379``; ``--cacert/--cert/--key``: see ``accord/cli/common.py``). ``verify`` draws a progress bar on
 stderr and exits 1 naming each bad shard; ``gc --delete`` deletes the reported objects
 through fsspec and records the deletions, so the next pass no longer reports them.
 """
@@ -244,7 +245,7 @@ _OPS = {"ls": _ls, "show": _show, "latest": _latest, "gc": _gc, "pin": _pin, "un
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="accord ckpt", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--endpoints", help="comma-separated client endpoints")
+    common.add_arguments(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sub = p.add_subparsers(dest="op", required=True)
     ls = sub.add_parser("ls", help="jobs, or a job's steps")
@@ -285,8 +286,10 @@ def ckpt_main(argv: Sequence[str]) -> int:
     if a.op == "verify" and a.workers < 1:
         p.error("--workers must be >= 1")
 
+    eps = common.from_args(a)
+
     async def run() -> int:
-        async with AccordClient(common.endpoints(a.endpoints), call_timeout_s=TIMEOUT) as client:
+        async with AccordClient(list(eps), call_timeout_s=TIMEOUT, tls=eps.tls) as client:
             return await _OPS[a.op](client.checkpoints, a)
 
     try:
