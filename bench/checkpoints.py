@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from accord.client.checkpoint_writer import CheckpointCoordinator
 from accord.client.checkpoints import shard_message
 from accord.client.client import AccordClient
+from accord.client.errors import NotHeld
 from accord.services.checkpoints.checksum import of_bytes
 from bench.harness import Harness, machine
 
@@ -92,15 +93,22 @@ async def part_commit(eps: list[str], hosts: int, per_host: int, reps: int,
             "all_s": [round(x, 3) for x in totals], "goal_met": med < 1.0}
 
 
-async def _fill_job(client: AccordClient, job: str, steps: int) -> None:
-    # A long session TTL: on a loaded machine a 10 s lease can lapse between keepalives,
-    # and the fence then (rightly) refuses the coordinator's next commit.
-    async with CheckpointCoordinator(client, job, ttl=60) as coord:
-        for step in range(1, steps + 1):
-            await coord.begin(step * 100, layout={"world_size": 1}, expected=[("rank-00000", 0)])
-            await client.checkpoints.register_shards(
-                job, step * 100, coord.token, [_shard(job, step * 100, 0, coord.token, 1)])
-            await coord.commit(step * 100)
+async def _fill_job(client: AccordClient, job: str, steps: int) -> bool:
+    """Commit ``steps`` steps of ``job``; False if its session was lost at the end (on an
+    overloaded machine a lease can lapse between keepalives: the steps are in, and only
+    the release finds the lock gone)."""
+    coord = CheckpointCoordinator(client, job, ttl=60)
+    await coord.__aenter__()
+    for step in range(1, steps + 1):
+        await coord.begin(step * 100, layout={"world_size": 1}, expected=[("rank-00000", 0)])
+        await client.checkpoints.register_shards(
+            job, step * 100, coord.token, [_shard(job, step * 100, 0, coord.token, 1)])
+        await coord.commit(step * 100)
+    try:
+        await coord.__aexit__(None, None, None)
+    except NotHeld:
+        return False
+    return True
 
 
 async def _timed(n: int, fn: Any) -> float:
@@ -122,15 +130,16 @@ async def part_many(eps: list[str], jobs: int, steps: int, concurrency: int) -> 
         t0 = time.perf_counter()
         sem = asyncio.Semaphore(concurrency)
 
-        async def one(i: int) -> None:
+        async def one(i: int) -> bool:
             async with sem:
-                await _fill_job(pool[i % len(pool)], f"job-{i:05d}", steps)
+                return await _fill_job(pool[i % len(pool)], f"job-{i:05d}", steps)
 
-        await asyncio.gather(*(one(i) for i in range(jobs)))
+        lost = sum(not ok for ok in await asyncio.gather(*(one(i) for i in range(jobs))))
         fill = time.perf_counter() - t0
         ck = pool[0].checkpoints
         print(f"filled {jobs * steps} committed steps in {fill:.1f} s "
-              f"({jobs * steps / fill:.0f} steps/s, 3 RPCs each)")
+              f"({jobs * steps / fill:.0f} steps/s, 3 RPCs each); {lost} coordinator sessions "
+              "lapsed before their release")
         ls_one = await _timed(20, lambda: ck.steps("job-00000"))
         ls_all = await _timed(5, ck.jobs)
         await asyncio.gather(*(pool[i % len(pool)].checkpoints.set_retention(
@@ -151,7 +160,7 @@ async def part_many(eps: list[str], jobs: int, steps: int, concurrency: int) -> 
                         ("gc again, nothing to delete", gc2)):
             print(f"{name:<44} {v:>8.3f}")
         print(f"gc reported {report.deletable_total} objects safe to delete")
-        return {"jobs": jobs, "steps": steps, "fill_s": round(fill, 1),
+        return {"jobs": jobs, "steps": steps, "fill_s": round(fill, 1), "sessions_lapsed": lost,
                 "ls_one_job_s": round(ls_one, 4), "ls_all_jobs_s": round(ls_all, 4),
                 "gc_dry_run_s": round(dry, 3), "gc_s": round(gc, 3),
                 "gc_again_s": round(gc2, 3), "gc_deleted_steps": len(report.deleted),
@@ -179,7 +188,7 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=16, help="client channels for the ranks")
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--concurrency", type=int, default=32, help="jobs filled at a time")
+    p.add_argument("--concurrency", type=int, default=16, help="jobs filled at a time")
     p.add_argument("--parts", default="commit,many", help="which parts: commit, many")
     p.add_argument("--quick", action="store_true", help="100 jobs, 3 reps")
     a = p.parse_args()
