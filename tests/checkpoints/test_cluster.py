@@ -18,6 +18,9 @@ from accord.client.checkpoint_writer import CheckpointCoordinator
 from accord.services.checkpoints.checksum import of_bytes
 from tests.integration.cluster import ProcCluster
 
+TTL = 30
+"""Coordinator sessions: long, so a loaded machine does not lapse them mid-test."""
+
 
 def shard(job: str, step: int, rank: int, token: int = 0) -> dict[str, object]:
     body = f"{job}/{step}/{rank}".encode()
@@ -43,7 +46,7 @@ async def test_a_zombie_incarnation_is_refused_naming_the_current_one(cluster: P
                                                                       ) -> None:
     async with AccordClient(cluster.endpoints) as client:
         ckpt = client.checkpoints
-        old = CheckpointCoordinator(client, "zombie-job", ttl=5)
+        old = CheckpointCoordinator(client, "zombie-job", ttl=TTL)
         await old.__aenter__()
         await save(old, 100)
         await old.begin(200, layout={"world_size": 4}, expected=expected(4))
@@ -55,7 +58,7 @@ async def test_a_zombie_incarnation_is_refused_naming_the_current_one(cluster: P
             await ckpt.commit("zombie-job", 200, old.token)
         assert nobody.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert f"fencing token {old.token} is stale: nobody holds lock" in nobody.value.message
-        async with CheckpointCoordinator(client, "zombie-job", ttl=5) as new:
+        async with CheckpointCoordinator(client, "zombie-job", ttl=TTL) as new:
             assert new.token > old.token
             before = await ckpt.manifest("zombie-job", 200)
             for call in (ckpt.commit("zombie-job", 200, old.token),
@@ -84,7 +87,7 @@ async def test_a_zombie_incarnation_is_refused_naming_the_current_one(cluster: P
 async def test_a_commit_with_missing_shards_is_refused_and_names_them(cluster: ProcCluster
                                                                       ) -> None:
     async with AccordClient(cluster.endpoints) as client, \
-            CheckpointCoordinator(client, "missing-job") as coord:
+            CheckpointCoordinator(client, "missing-job", ttl=TTL) as coord:
         await save(coord, 1)
         await coord.begin(2, layout={"world_size": 8}, expected=expected(8))
         await coord.ckpt.register_shards("missing-job", 2, coord.token,
@@ -103,7 +106,7 @@ async def test_1024_ranks_register_concurrently_and_the_commit_succeeds_once(
         cluster: ProcCluster) -> None:
     ranks = 1024
     async with AccordClient(cluster.endpoints, call_timeout_s=20) as client, \
-            CheckpointCoordinator(client, "big-job") as coord:
+            CheckpointCoordinator(client, "big-job", ttl=TTL) as coord:
         await coord.begin(10, layout={"world_size": ranks, "dp": 128, "tp": 8},
                           expected=expected(ranks))
         # Every rank its own client (its own channel, spread over the members).
@@ -134,7 +137,7 @@ async def test_1024_ranks_register_concurrently_and_the_commit_succeeds_once(
 
 async def test_bad_input_gets_a_clear_code_and_changes_nothing(cluster: ProcCluster) -> None:
     async with AccordClient(cluster.endpoints) as client, \
-            CheckpointCoordinator(client, "bad-job") as coord:
+            CheckpointCoordinator(client, "bad-job", ttl=TTL) as coord:
         ckpt = client.checkpoints
         await save(coord, 5)
         before = await ckpt.steps("bad-job")
@@ -169,7 +172,7 @@ async def test_bad_input_gets_a_clear_code_and_changes_nothing(cluster: ProcClus
 
 async def test_a_restarting_job_waits_on_the_latest_pointer(cluster: ProcCluster) -> None:
     async with AccordClient(cluster.endpoints) as client, \
-            CheckpointCoordinator(client, "watch-job") as coord:
+            CheckpointCoordinator(client, "watch-job", ttl=TTL) as coord:
         seen: list[int | None] = []
 
         async def watch() -> None:
@@ -193,13 +196,13 @@ async def test_a_restarting_job_waits_on_the_latest_pointer(cluster: ProcCluster
 async def test_a_job_that_dies_mid_save_leaves_a_step_the_service_expires(cluster: ProcCluster
                                                                          ) -> None:
     async with AccordClient(cluster.endpoints) as client, \
-            CheckpointCoordinator(client, "dying-job") as coord:
+            CheckpointCoordinator(client, "dying-job", ttl=TTL) as coord:
         await save(coord, 1)
         await coord.begin(2, layout={"world_size": 4}, expected=expected(4), lease_s=1.0)
         await coord.ckpt.register_shards("dying-job", 2, coord.token,
                                          [shard("dying-job", 2, 0, coord.token)])
         # Nobody registers or commits any more: the group leader aborts the step.
-        for _ in range(100):
+        for _ in range(300):  # bounded: 30 s
             m = await coord.ckpt.manifest("dying-job", 2)
             if m.state != 1:
                 break

@@ -16,7 +16,7 @@ from accord.client import AccordClient, ClientError
 from accord.client.checkpoint_writer import CheckpointCoordinator
 from accord.node.members import DEBUG_GROUPS_METHOD
 from accord.services.checkpoints.replicated import CHECKPOINT_GROUP
-from tests.checkpoints.test_cluster import expected, save, shard
+from tests.checkpoints.test_cluster import TTL, expected, save, shard
 from tests.integration.cluster import ProcCluster, ProcNode
 
 RANKS = 4
@@ -78,7 +78,7 @@ async def test_leader_killed_mid_commit_leaves_old_or_new_latest_and_all_survive
         own_cluster: ProcCluster) -> None:
     c = own_cluster
     async with AccordClient(c.endpoints, call_timeout_s=3, retry_budget_s=60) as client, \
-            CheckpointCoordinator(client, "failover-job", ttl=20) as coord:
+            CheckpointCoordinator(client, "failover-job", ttl=TTL) as coord:
         await save(coord, 1, RANKS)
         for round_, delay in enumerate((0.0, 0.003, 0.02)):
             step = 2 + round_
@@ -123,7 +123,7 @@ async def test_leader_killed_mid_commit_leaves_old_or_new_latest_and_all_survive
     after = await picture(c, ["failover-job"])
     assert after == before
     async with AccordClient(c.endpoints, retry_budget_s=60) as client, \
-            CheckpointCoordinator(client, "failover-job") as coord:
+            CheckpointCoordinator(client, "failover-job", ttl=TTL) as coord:
         # The pending step of the incarnation before the restart is superseded.
         assert await coord.begin(6, layout={"world_size": RANKS},
                                  expected=expected(RANKS)) == [5]

@@ -19,6 +19,7 @@ from safetensors.numpy import load
 from accord.client import AccordClient
 from accord.client.checkpoint_writer import CheckpointCoordinator
 from tests.checkpoints.rank_worker import COLS, ROWS, arrays
+from tests.checkpoints.test_cluster import TTL
 from tests.integration.cluster import ProcCluster
 
 WORLD = 4
@@ -48,7 +49,7 @@ async def test_ranks_write_register_commit_and_a_loader_reshards(cluster: ProcCl
     base = (tmp_path / "store").as_uri()
     job = "numpy-job"
     async with AccordClient(cluster.endpoints) as client, \
-            CheckpointCoordinator(client, job) as coord:
+            CheckpointCoordinator(client, job, ttl=TTL) as coord:
         for step in (100, 200, 300):
             await coord.begin(step, layout={"world_size": WORLD, "dp": 1, "tp": WORLD},
                               expected=[(f"rank-{r}", r) for r in range(WORLD)])
