@@ -291,19 +291,19 @@ class CheckpointStateMachine:
                                   "begin the step again", "precondition")
 
     def _register(self, c: dict[str, Any], now: float) -> dict[str, Any]:
-        job, s, _ = self._fenced_step(c)
-        self._check_lease(job, s, now)
         raw = c.get("shards")
         if not isinstance(raw, (list, tuple)) or not raw:
             raise CheckpointError("register: give at least one shard")
         if len(raw) > MAX_SHARDS_PER_CALL:
             raise CheckpointError(f"register: {len(raw)} shards in one call; at most "
                                   f"{MAX_SHARDS_PER_CALL}", "too_large")
+        shards = [Shard.from_wire(w) for w in raw]  # malformed input is named first
+        job, s, _ = self._fenced_step(c)
+        self._check_lease(job, s, now)
         fresh: dict[str, Shard] = {}
         duplicates = 0
         added = 0
-        for w in raw:
-            sh = Shard.from_wire(w)
+        for sh in shards:
             rank = s.expected.get(sh.shard_id)
             if rank is None:
                 raise CheckpointError(f"shard {sh.shard_id!r} is not in the expected shard set "
