@@ -215,3 +215,21 @@ def test_snapshot_restore_round_trips_everything() -> None:
     assert other.refs == d.sm.refs and other.pending == d.sm.pending
     assert other.apply({"id": "x", "op": "commit", "job": "j", "step": 2, "token": 1,
                         "now": d.now})["missing"] == ["rank-0", "rank-2", "rank-3"]
+
+
+def test_a_bad_tensor_index_is_refused_naming_the_tensor() -> None:
+    d = Driver()
+    d.begin()
+    before = _state(d.sm)
+    for tensors, text in (
+            ([["w", [4], [2], [3], "f32"]], "tensor 'w': dimension 0: offset 2 + size 3 exceeds"),
+            ([["w", [4, 4], [0], [4], ""]], "need the same number of dimensions"),
+            ([["w", [True], [0], [1], ""]], "global_shape must be at most 16 integers"),
+            ([["", [1], [0], [1], ""]], "tensor name must be a non-empty string"),
+            (["w"], "a tensor entry is [name, global_shape, offsets, sizes, dtype]")):
+        r = d.do("register", job="j", step=1, token=1, shards=[{**shard(0), "tensors": tensors}])
+        assert not r["ok"] and r["kind"] == "invalid" and text in r["error"], r
+        assert "shard 'rank-0'" in r["error"]
+    assert _state(d.sm) == before
+    ok = d.do("register", job="j", step=1, token=1, shards=[shard(0)])
+    assert ok["ok"] and d.sm.jobs["j"].steps[1].shards["rank-0"].tensors[0].name == "w"

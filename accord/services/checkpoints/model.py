@@ -210,33 +210,17 @@ class TensorSlice:
 
     @classmethod
     def from_wire(cls, w: Any, what: str) -> TensorSlice:
+        name, shape, offsets, sizes, dtype = cls.check(w, what)
+        return cls(name, tuple(shape), tuple(offsets), tuple(sizes), dtype)
+
+    @staticmethod
+    def check(w: Any, what: str) -> list[Any]:
+        """Validate a tensor entry; its normalized wire form (no object is built).
+
+        The fast path checks everything in one pass; only a refusal words its reason."""
         if isinstance(w, dict):
             w = [w.get("name"), w.get("global_shape"), w.get("offsets"), w.get("sizes"),
                  w.get("dtype", "")]
-        # The fast path checks everything in one pass; only a refusal words its reason.
-        try:
-            name, shape, offsets, sizes, dtype = w
-            ok = (type(name) is str and 0 < len(name) and len(name.encode()) <= MAX_NAME_BYTES
-                  and len(shape) == len(offsets) == len(sizes) <= MAX_DIMS)
-            if ok:
-                for g, o, n in zip(shape, offsets, sizes, strict=True):
-                    if (type(g) is not int or type(o) is not int or type(n) is not int
-                            or o < 0 or n < 0 or o + n > g):
-                        ok = False
-                        break
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise CheckpointError(_tensor_problem(w, what))
-        return cls(name, tuple(shape), tuple(offsets), tuple(sizes),
-                   dtype[:32] if type(dtype) is str else "")
-
-    @classmethod
-    def check(cls, w: Any, what: str) -> list[Any]:
-        """Validate a tensor entry; its normalized wire form (no object is built)."""
-        t = cls.from_wire(w, what) if isinstance(w, dict) else None
-        if t is not None:
-            return t.to_wire()
         try:
             name, shape, offsets, sizes, dtype = w
             ok = (type(name) is str and 0 < len(name) and len(name.encode()) <= MAX_NAME_BYTES
