@@ -211,3 +211,20 @@ async def test_a_job_that_dies_mid_save_leaves_a_step_the_service_expires(cluste
         gc = await coord.ckpt.gc(["dying-job"], dry_run=True)
         assert [g.uri for g in gc.deletable] == [shard("dying-job", 2, 0, coord.token)["uri"]]
         assert await coord.ckpt.latest("dying-job") == 1
+
+
+async def test_the_sync_twin_waits_for_a_first_checkpoint(cluster: ProcCluster) -> None:
+    from accord.client.sync import SyncClient
+
+    def restarting_job() -> tuple[int | None, int | None]:
+        with SyncClient(cluster.endpoints) as sync:
+            before = sync.checkpoints.latest("sync-job") if any(
+                j.job == "sync-job" for j in sync.checkpoints.jobs()) else None
+            return before, sync.checkpoints.wait_latest("sync-job", after=None, timeout=30)
+
+    waiter = asyncio.create_task(asyncio.to_thread(restarting_job))
+    await asyncio.sleep(1.0)  # the waiter is watching a job that has no checkpoint yet
+    async with AccordClient(cluster.endpoints) as client, \
+            CheckpointCoordinator(client, "sync-job", ttl=TTL) as coord:
+        await save(coord, 7)
+    assert await asyncio.wait_for(waiter, 40) == (None, 7)
