@@ -8,7 +8,10 @@
 2. many jobs: ``--jobs`` jobs x ``--steps`` committed steps each (1 shard per step), then
    ``ls`` of one job (ListSteps), ``ls`` of every job (ListJobs), and GC of every job
    with keep-last-5 (one Raft entry deleting 15 of 20 steps per job), a second GC
-   (nothing left to delete) and a dry run, with timings.
+   (nothing left to delete) and a dry run, with timings (``--cluster-jobs`` fewer jobs
+   here when filling 3 RPCs per step takes too long on a loaded machine).
+3. state: the same workload on one in-process replica: the apply cost of each
+   operation, and the snapshot's size and time.
 
 There is no etcd yardstick here: etcd has no checkpoint service (its nearest is one
 Txn per registration against a counter key, which this does not pretend to be).
@@ -36,6 +39,7 @@ from accord.client.checkpoints import shard_message
 from accord.client.client import AccordClient
 from accord.client.errors import NotHeld
 from accord.services.checkpoints.checksum import of_bytes
+from accord.services.checkpoints.replicated import local_group
 from bench.harness import Harness, machine
 
 
@@ -170,12 +174,71 @@ async def part_many(eps: list[str], jobs: int, steps: int, concurrency: int) -> 
             await c.close()
 
 
+async def part_state(jobs: int, steps: int) -> dict[str, Any]:
+    """The same many-jobs workload on one in-process replica (no Raft, no gRPC): what the
+    apply of each operation costs a replica, and the snapshot of that state."""
+    print(f"\n== one replica in process: {jobs} jobs x {steps} steps (1 shard each)")
+    group = local_group()
+    svc = group.service
+    t0 = time.perf_counter()
+    for i in range(jobs):
+        job = f"job-{i:05d}"
+        for step in range(1, steps + 1):
+            await svc.begin(job, step * 100, 1, {"world_size": 1}, [["rank-00000", 0]])
+            await svc.register(job, step * 100, 1, [_shard(job, step * 100, 0, 1, 1)])
+            await svc.commit(job, step * 100, 1)
+        await svc.set_retention(job, {"keep_last": 5})
+    fill = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for _ in range(20):
+        svc.steps("job-00000")
+    ls_one = (time.perf_counter() - t0) / 20
+    t0 = time.perf_counter()
+    listed = svc.jobs()
+    ls_all = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    snap = group.sm.snapshot()
+    snap_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    plan = svc.plan_gc([])
+    dry = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    report = await svc.gc([])
+    gc = time.perf_counter() - t0
+    group.sm.snapshot()  # re-encodes the steps GC changed
+    t0 = time.perf_counter()
+    group.sm.snapshot()
+    snap_again_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    group.sm.restore(snap)
+    restore_s = time.perf_counter() - t0
+    assert len(listed) == jobs and len(report.deleted) == len(plan.deleted)
+    print(f"filled in {fill:.1f} s ({jobs * steps * 3 / fill:.0f} commands/s applied)")
+    print(f"{'operation (one replica)':<44} {'seconds':>8}")
+    for name, v in (("ls of one job", ls_one), (f"ls of all {jobs} jobs", ls_all),
+                    ("gc dry run, all jobs", dry),
+                    (f"gc apply, all jobs: {len(report.deleted)} steps deleted", gc),
+                    (f"snapshot ({len(snap) / 1e6:.1f} MB)", snap_s),
+                    ("snapshot again, no step changed", snap_again_s),
+                    ("restore of that snapshot", restore_s)):
+        print(f"{name:<44} {v:>8.4f}")
+    return {"jobs": jobs, "steps": steps, "ls_one_job_s": round(ls_one, 5),
+            "ls_all_jobs_s": round(ls_all, 4), "gc_dry_run_s": round(dry, 3),
+            "gc_apply_s": round(gc, 3), "gc_deleted_steps": len(report.deleted),
+            "snapshot_mb": round(len(snap) / 1e6, 1), "snapshot_s": round(snap_s, 3),
+            "snapshot_unchanged_s": round(snap_again_s, 3),
+            "restore_s": round(restore_s, 3)}
+
+
 async def run(a: argparse.Namespace, eps: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"machine": machine()}
     if "commit" in a.parts:
         out["commit"] = await part_commit(eps, a.hosts, a.ranks_per_host, a.reps, a.clients)
     if "many" in a.parts:
-        out["many_jobs"] = await part_many(eps, a.jobs, a.steps, a.concurrency)
+        out["many_jobs"] = await part_many(eps, a.cluster_jobs or a.jobs, a.steps,
+                                           a.concurrency)
+    if "state" in a.parts:
+        out["replica"] = await part_state(a.jobs, a.steps)
     return out
 
 
@@ -189,12 +252,16 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--concurrency", type=int, default=16, help="jobs filled at a time")
-    p.add_argument("--parts", default="commit,many", help="which parts: commit, many")
+    p.add_argument("--parts", default="commit,many,state",
+                   help="which parts: commit, many (on the cluster), state (one replica)")
+    p.add_argument("--cluster-jobs", type=int, default=0,
+                   help="jobs for the cluster part (default --jobs; filling takes 3 RPCs "
+                        "per step)")
     p.add_argument("--quick", action="store_true", help="100 jobs, 3 reps")
     a = p.parse_args()
     if a.quick:
         a.jobs, a.reps = min(a.jobs, 100), min(a.reps, 3)
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}", flush=True)
     with Harness() as h:
         cluster = h.accord()
         figures = asyncio.run(run(a, list(cluster.endpoints)))

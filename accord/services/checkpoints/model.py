@@ -457,6 +457,22 @@ class Step:
     reason: str = ""
     size_estimate: int = 0
     metadata: dict[str, str] = field(default_factory=dict)
+    cache: bytes | None = None
+    """This step's encoded snapshot form, kept until the step changes (whoever changes a
+    step sets it to None): a snapshot re-encodes only the steps changed since the last."""
+
+    def packed(self) -> bytes:
+        """The msgpack of :meth:`to_wire`, from the cache when the step has not changed."""
+        if self.cache is None:
+            self.cache = bytes(msgpack.packb(self.to_wire(), use_bin_type=True))
+        return self.cache
+
+    @classmethod
+    def unpacked(cls, data: bytes) -> Step:
+        """A step from :meth:`packed` bytes (which it keeps as its cache)."""
+        st = cls.from_wire(msgpack.unpackb(data, raw=False, strict_map_key=False))
+        st.cache = data
+        return st
 
     @property
     def missing(self) -> list[str]:

@@ -84,11 +84,11 @@ class Job:
         return {"name": self.name, "fence": self.fence, "latest": self.latest,
                 "pinned": sorted(self.pinned), "retention": self.retention.to_wire(),
                 "latest_version": self.latest_version,
-                "steps": [s.to_wire() for s in self.steps.values()]}
+                "steps": [s.packed() for s in self.steps.values()]}
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Job:
-        steps = [Step.from_wire(s) for s in d["steps"]]
+        steps = [Step.unpacked(bytes(s)) for s in d["steps"]]
         return cls(str(d["name"]), int(d["fence"]), {s.step: s for s in steps},
                    None if d["latest"] is None else int(d["latest"]),
                    {int(x) for x in d["pinned"]}, Retention.from_wire(d["retention"]),
@@ -221,6 +221,7 @@ class CheckpointStateMachine:
         if s.state == COMMITTED and job.latest == s.step:  # pragma: no cover - an invariant
             raise AssertionError("the latest committed step is never aborted or deleted")
         s.state, s.reason, s.ended_at = state, reason, now
+        s.cache = None
         self.pending.pop((job.name, s.step), None)
         for sh in s.shards.values():
             for uri in sh.uris():
@@ -331,6 +332,7 @@ class CheckpointStateMachine:
             s.shards[sh.shard_id] = sh
             for uri in sh.uris():
                 self._hold(uri)
+        s.cache = None
         s.size_estimate += added
         s.deadline = max(s.deadline, now + s.lease_s)
         return _ok(registered=len(fresh), duplicates=duplicates,
@@ -347,6 +349,7 @@ class CheckpointStateMachine:
                                   f"{len(missing)} of {len(s.expected)} expected shards are not "
                                   f"registered: {shown}{more}", "precondition", missing=missing)
         s.state, s.committed_at = COMMITTED, now
+        s.cache = None
         self.pending.pop((job.name, s.step), None)
         moved = job.latest is None or s.step > job.latest
         if moved:
@@ -473,6 +476,7 @@ class CheckpointStateMachine:
         if add is not None and add.uri not in current:
             self._hold(add.uri)
         s.shards[sh.shard_id] = replace(sh, locations=tuple(locs))
+        s.cache = None
         for u in drop:
             self._release(u, job.name, s.step, sh.size, now)
         return _ok(locations=[loc.to_wire() for loc in locs])
