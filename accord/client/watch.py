@@ -1,0 +1,302 @@
+"""A watch as an async iterator that survives disconnects: ``async for event in watch``.
+
+::
+
+    async with client.watch("/jobs/", prefix=True, start_revision=rev + 1) as watch:
+        async for event in watch:
+            print(event.type, event.kv.key, event.kv.value)
+
+The watch keeps one etcd Watch stream open on the client's current endpoint. Each
+response's events are queued in order; ``next_revision`` is then the revision after
+the last event received (or after the revision a progress notification reported:
+everything up to it was delivered). When the stream breaks — the member was killed,
+restarted, lost its leader (the stream is opened with etcd's ``hasleader`` metadata,
+so a member cut off from the cluster ends it), or the connection dropped — the watch
+opens a new stream on the next endpoint from ``next_revision``. Because every member
+applies the same history, events resume exactly after the last one delivered: none
+twice, none skipped (an event older than ``next_revision`` that a server sends anyway
+is dropped).
+
+If the revision the watch needs was compacted (at the start, or while it was
+reconnecting) iteration raises :class:`~accord.client.errors.WatchCompacted` with the
+oldest revision still available. A stream the server cancels for another reason raises
+:class:`~accord.client.errors.WatchError`; no endpoint answering for the client's
+``retry_budget_s`` raises :class:`~accord.client.errors.Unavailable`.
+
+Progress: ``await watch.request_progress()`` asks the server to confirm how far the
+watch is (it returns that revision); ``progress_notify=True`` has the server send such
+notifications by itself when the watch is idle. Both move :attr:`Watch.progress_revision`
+and call ``on_progress``. Filters (``filters=[EventType.DELETE]``) leave event types out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from accord.client.errors import ClientError, Unavailable, WatchCompacted, WatchError
+from accord.client.kv import Data, EventType, KeyValue, key_range
+from accord.client.transport import EndpointPool
+from accord.proto import kv_pb2, rpc_pb2, rpc_pb2_grpc
+
+_rpc: Any = rpc_pb2_grpc
+
+QUEUE_RESPONSES = 1024
+"""Responses buffered ahead of the consumer; beyond it the stream is not read (gRPC's
+flow control then holds the server back)."""
+_STREAM_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                           grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+                           grpc.StatusCode.INTERNAL})
+"""Stream errors after which the watch reconnects (a dying member ends streams with any
+of these); other codes are answers and end the watch."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One change to a watched key."""
+
+    type: EventType
+    kv: KeyValue
+    prev_kv: KeyValue | None
+    """The key before the change (only for a watch created with ``prev_kv=True``)."""
+
+    @property
+    def revision(self) -> int:
+        """The revision of the change."""
+        return self.kv.mod_revision
+
+    @classmethod
+    def from_pb(cls, ev: kv_pb2.Event) -> WatchEvent:
+        """From the wire message."""
+        return cls(EventType.DELETE if ev.type == kv_pb2.Event.DELETE else EventType.PUT,
+                   KeyValue.from_pb(ev.kv),
+                   KeyValue.from_pb(ev.prev_kv) if ev.HasField("prev_kv") else None)
+
+
+_END = object()
+
+
+class Watch:
+    """Events of a key or range from ``start_revision`` on, across member failures."""
+
+    def __init__(
+        self, pool: EndpointPool, key: Data, range_end: Data | None = None, *,
+        prefix: bool = False, from_key: bool = False, start_revision: int = 0,
+        prev_kv: bool = False, filters: Iterable[EventType] = (),
+        progress_notify: bool = False, on_progress: Callable[[int], None] | None = None,
+        require_leader: bool = True, on_close: Callable[[Watch], None] | None = None,
+    ) -> None:
+        if start_revision < 0:
+            raise ValueError(f"start_revision must be >= 0 (0: from now), got {start_revision}")
+        self._pool = pool
+        self._key, self._end = key_range(key, range_end, prefix=prefix, from_key=from_key)
+        self._prev_kv = prev_kv
+        self._filters = [rpc_pb2.WatchCreateRequest.NODELETE if f is EventType.DELETE
+                         else rpc_pb2.WatchCreateRequest.NOPUT for f in set(filters)]
+        self._progress_notify = progress_notify
+        self._on_progress = on_progress
+        self._require_leader = require_leader
+        self._on_close = on_close
+        self.next_revision = start_revision
+        """The revision the watch resumes from (0 until the first stream pins "now")."""
+        self.progress_revision = 0
+        """Every event up to this revision has been received."""
+        self.endpoint = ""
+        """The endpoint the current stream is open on."""
+        self.reconnects = 0
+        """Streams opened after the first (one per disconnect survived)."""
+        self._queue: asyncio.Queue[WatchEvent | BaseException | object] = asyncio.Queue(
+            QUEUE_RESPONSES)
+        self._call: Any = None
+        self._progress_waiters: list[asyncio.Future[int]] = []
+        self._created = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self._finished = False
+        self._streamed = False
+
+    # --- lifetime ------------------------------------------------------------------------
+    def start(self) -> Watch:
+        """Open the stream (done on first iteration or ``async with`` if not called)."""
+        if self._task is None and not self._closed:
+            self._task = asyncio.create_task(self._run(), name="accord-watch")
+        return self
+
+    async def created(self, timeout: float | None = None) -> int:
+        """Wait until the server confirmed the watch; the revision it starts after."""
+        self.start()
+        waiter = asyncio.ensure_future(self._created.wait())
+        assert self._task is not None
+        done, _ = await asyncio.wait({waiter, self._task}, timeout=timeout or
+                                     self._pool.retry_budget_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if not self._created.is_set():
+            if self._task.done() and not self._queue.empty():
+                item = self._queue.get_nowait()
+                if isinstance(item, BaseException):
+                    raise item
+            raise Unavailable(grpc.StatusCode.DEADLINE_EXCEEDED,
+                              "the watch was not confirmed by any endpoint in time",
+                              endpoint=self.endpoint)
+        return self.next_revision - 1
+
+    async def close(self) -> None:
+        """Stop watching (cancels the stream; iteration then ends)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for f in self._progress_waiters:
+            if not f.done():
+                f.cancel()
+        self._progress_waiters.clear()
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(_END)
+        if self._on_close is not None:
+            self._on_close(self)
+
+    async def __aenter__(self) -> Watch:
+        return self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- iteration -----------------------------------------------------------------------
+    def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        if self._finished:
+            raise StopAsyncIteration
+        self.start()
+        item = await self._queue.get()
+        if isinstance(item, WatchEvent):
+            return item
+        self._finished = True
+        if isinstance(item, BaseException):
+            raise item
+        raise StopAsyncIteration
+
+    async def request_progress(self, timeout: float | None = None) -> int:
+        """Ask the server how far this watch is; the revision it confirms."""
+        await self.created(timeout)
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._progress_waiters.append(fut)
+        try:
+            await self._call.write(rpc_pb2.WatchRequest(
+                progress_request=rpc_pb2.WatchProgressRequest()))
+            return await asyncio.wait_for(fut, timeout or self._pool.call_timeout_s)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as e:
+            raise Unavailable(grpc.StatusCode.UNAVAILABLE,
+                              f"progress request failed: {e}", endpoint=self.endpoint) from None
+        finally:
+            with contextlib.suppress(ValueError):
+                self._progress_waiters.remove(fut)
+
+    # --- the stream ----------------------------------------------------------------------
+    async def _run(self) -> None:
+        failing_since: float | None = None
+        attempt = 0
+        last_error = ""
+        try:
+            while True:
+                ep = self._pool.current
+                self.endpoint = ep
+                try:
+                    await self._stream(ep)
+                    last_error = "stream ended by the server"
+                except grpc.aio.AioRpcError as e:
+                    if e.code() not in _STREAM_CODES:
+                        await self._queue.put(WatchError(e.code(), e.details() or "",
+                                                         endpoint=ep))
+                        return
+                    last_error = f"{e.code().name}: {e.details()}"
+                except _Done:
+                    return
+                # the stream broke: resume on the next endpoint
+                self._pool.fail_over(ep)
+                self._created.clear()
+                if self._streamed:
+                    failing_since, attempt = None, 0
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since > self._pool.retry_budget_s:
+                    await self._queue.put(Unavailable(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"watch: no endpoint of {self._pool.endpoints} took the stream for "
+                        f"{self._pool.retry_budget_s:.0f}s; last error: {last_error}",
+                        endpoint=ep))
+                    return
+                await asyncio.sleep(self._pool.policy.backoff.delay(attempt))
+                attempt += 1
+                self.reconnects += 1
+        except ClientError as e:  # the pool was closed
+            with contextlib.suppress(asyncio.QueueFull):
+                self._queue.put_nowait(e)
+
+    async def _stream(self, ep: str) -> None:
+        """One stream's life: create, then queue its events until it breaks."""
+        self._streamed = False
+        md = (("hasleader", "true"),) if self._require_leader else None
+        call = _rpc.WatchStub(self._pool.channel(ep)).Watch(metadata=md)
+        self._call = call
+        try:
+            await call.write(rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(
+                key=self._key, range_end=self._end, start_revision=self.next_revision,
+                prev_kv=self._prev_kv, filters=self._filters,
+                progress_notify=self._progress_notify)))
+            while True:
+                resp = await call.read()
+                if resp is grpc.aio.EOF or resp is None:
+                    return
+                await self._handle(resp, ep)
+        finally:
+            call.cancel()
+
+    async def _handle(self, resp: rpc_pb2.WatchResponse, ep: str) -> None:
+        if resp.created:
+            if self.next_revision == 0:
+                self.next_revision = int(resp.header.revision) + 1
+            self._streamed = True
+            self._created.set()
+        if resp.canceled:
+            if resp.compact_revision:
+                await self._queue.put(WatchCompacted(self.next_revision,
+                                                     int(resp.compact_revision), endpoint=ep))
+            else:
+                await self._queue.put(WatchError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"watch cancelled by the server: {resp.cancel_reason or 'no reason given'}",
+                    endpoint=ep))
+            raise _Done
+        if resp.events:
+            for ev in resp.events:
+                if ev.kv.mod_revision < self.next_revision:
+                    continue  # delivered before the reconnect
+                await self._queue.put(WatchEvent.from_pb(ev))
+            self.next_revision = max(self.next_revision, int(resp.events[-1].kv.mod_revision) + 1)
+            self.progress_revision = max(self.progress_revision, self.next_revision - 1)
+            return
+        if not resp.created:
+            rev = int(resp.header.revision)
+            self.next_revision = max(self.next_revision, rev + 1)
+            self.progress_revision = max(self.progress_revision, rev)
+            for f in self._progress_waiters:
+                if not f.done():
+                    f.set_result(rev)
+            if self._on_progress is not None:
+                self._on_progress(rev)
+
+
+class _Done(Exception):
+    """The watch ended for good (its error is queued)."""
