@@ -303,7 +303,7 @@ async def accord_cell(
                         ops = [rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(
                             key=f"{prefix}{(i + j) % per_writer}".encode(), value=value))
                             for j in range(txn_batch)]
-                        await client.txn(rpc_pb2.TxnRequest(success=ops))
+                        await client.txn_raw(rpc_pb2.TxnRequest(success=ops))
                         st["ok"] += txn_batch
                         i += txn_batch
                     else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from accord.client.kv import LeaseGrant, PutResult
 from accord.client.transport import EndpointPool
 from accord.locks.store import LockStore
 from accord.proto import rpc_pb2
@@ -28,22 +29,26 @@ class ClientCalls(Protocol):
         """The KV operations the lock and election recipes run on."""
         ...
 
-    async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
-        """A Range request."""
+    async def range_raw(self, req: rpc_pb2.RangeRequest, *,
+                        timeout: float | None = None) -> rpc_pb2.RangeResponse:
+        """A Range request (retried: reads are idempotent)."""
         ...
 
-    async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
-        """A Txn request."""
+    async def txn_raw(self, req: rpc_pb2.TxnRequest, *, idempotent: bool = False,
+                      timeout: float | None = None) -> rpc_pb2.TxnResponse:
+        """A Txn request (``idempotent``: safe to send again after a lost answer)."""
         ...
 
-    async def put(self, key: bytes | str, value: bytes | str, *, lease: int = 0) -> int:
+    async def put(self, key: bytes | str, value: bytes | str, *, lease: int = 0,
+                  prev_kv: bool = False, ignore_value: bool = False,
+                  ignore_lease: bool = False, timeout: float | None = None) -> PutResult:
         """Write ``key``; the revision of the write."""
         ...
 
-    async def lease_grant(self, ttl: int) -> rpc_pb2.LeaseGrantResponse:
+    async def lease_grant(self, ttl: int, *, timeout: float | None = None) -> LeaseGrant:
         """Grant a lease of ``ttl`` seconds."""
         ...
 
-    async def lease_revoke(self, lease_id: int) -> None:
+    async def lease_revoke(self, lease_id: int, *, timeout: float | None = None) -> None:
         """Revoke a lease."""
         ...

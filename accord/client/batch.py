@@ -127,10 +127,10 @@ class PutBatcher:
             try:
                 if len(puts) == 1:
                     key, value, lease, fut = puts[0]
-                    _settle(fut, await self._client.put(key, value, lease=lease))
+                    _settle(fut, (await self._client.put(key, value, lease=lease)).revision)
                     return
                 self.batches += 1
-                resp = await self._client.txn(_txn_of(puts))
+                resp = await self._client.txn_raw(_txn_of(puts))
                 rev = int(resp.header.revision)
                 for *_, fut in puts:
                     _settle(fut, rev)
@@ -150,7 +150,7 @@ class PutBatcher:
 
     async def _one(self, key: bytes, value: bytes, lease: int, fut: asyncio.Future[int]) -> None:
         try:
-            _settle(fut, await self._client.put(key, value, lease=lease))
+            _settle(fut, (await self._client.put(key, value, lease=lease)).revision)
         except ClientError as e:
             if not fut.done():
                 fut.set_exception(e)
@@ -187,7 +187,7 @@ class PutBatcher:
             async with self._slots:
                 try:
                     self.batches += 1
-                    resp = await self._client.txn(_txn_of([reqs[i] for i in chunk]))
+                    resp = await self._client.txn_raw(_txn_of([reqs[i] for i in chunk]))
                     for i in chunk:
                         revisions[i] = int(resp.header.revision)
                     return
@@ -199,7 +199,7 @@ class PutBatcher:
             for i in chunk:  # refused as a whole: each put for its own answer
                 try:
                     key, value, *_ = reqs[i]
-                    revisions[i] = await self._client.put(key, value)
+                    revisions[i] = (await self._client.put(key, value)).revision
                 except ClientError as e:
                     failures[i] = e
 

@@ -174,9 +174,10 @@ class ClusterApi:
         return await self._alarm(rpc_pb2.AlarmRequest.DEACTIVATE, alarm.member_id, alarm.alarm,
                                  timeout)
 
-    async def _alarm(self, action: rpc_pb2.AlarmRequest.AlarmAction.ValueType, member: int,
+    async def _alarm(self, action: int, member: int,
                      alarm: AlarmType, timeout: float | None) -> list[Alarm]:
-        req = rpc_pb2.AlarmRequest(action=action, memberID=member, alarm=alarm.value)  # type: ignore[arg-type]
+        req = rpc_pb2.AlarmRequest(action=action, memberID=member,  # type: ignore[arg-type]
+                                   alarm=alarm.value)
 
         async def call(ch: grpc.aio.Channel, t: float) -> rpc_pb2.AlarmResponse:
             r: rpc_pb2.AlarmResponse = await _rpc.MaintenanceStub(ch).Alarm(req, timeout=t)

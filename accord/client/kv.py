@@ -132,7 +132,7 @@ class DeleteResult:
                    tuple(KeyValue.from_pb(kv) for kv in r.prev_kvs))
 
 
-OpResult = Union[RangeResult, PutResult, DeleteResult, "TxnResult"]  # noqa: UP007 (a forward reference)
+OpResult = Union[RangeResult, PutResult, DeleteResult, "TxnResult"]
 """The result of one op of a transaction branch."""
 
 
@@ -202,7 +202,7 @@ def range_request(
     k, end = key_range(key, range_end, prefix=prefix, from_key=from_key)
     return rpc_pb2.RangeRequest(
         key=k, range_end=end, limit=limit, revision=revision,
-        sort_order=sort_order.value, sort_target=sort_target.value,  # type: ignore[arg-type]
+        sort_order=sort_order.value, sort_target=sort_target.value,
         serializable=serializable, keys_only=keys_only, count_only=count_only,
         min_mod_revision=min_mod_revision, max_mod_revision=max_mod_revision,
         min_create_revision=min_create_revision, max_create_revision=max_create_revision,
@@ -274,13 +274,14 @@ class CompareTarget(Generic[T]):
     """A key's field waiting for its operator (``==``, ``!=``, ``<``, ``>``)."""
 
     key: Data
-    target: rpc_pb2.Compare.CompareTarget.ValueType
+    target: int
     field_name: str
     prefix: bool = False
 
-    def _cmp(self, result: rpc_pb2.Compare.CompareResult.ValueType, other: T) -> Compare:
+    def _cmp(self, result: int, other: T) -> Compare:
         k, end = key_range(self.key, prefix=self.prefix)
-        c = rpc_pb2.Compare(result=result, target=self.target, key=k, range_end=end)
+        c = rpc_pb2.Compare(result=result, target=self.target, key=k,  # type: ignore[arg-type]
+                            range_end=end)
         if self.target == _C.VALUE:
             if not isinstance(other, bytes | str):
                 raise TypeError(f"a value compares with bytes or str, not {type(other).__name__}")
@@ -431,3 +432,11 @@ class Txn(TxnBuilder, Generic[R]):
     def commit(self) -> R:
         """Send the transaction; its result."""
         return self._send(self.request())
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """A granted lease: its id and the TTL the cluster gave it (seconds)."""
+
+    id: int
+    ttl: int

@@ -101,7 +101,7 @@ class Lock:
         while not self.lost.is_set():
             await self._client.lock_store.wait_change([(h.key, b"")], rev, self._recheck_s)
             try:
-                resp = await self._client.range(rpc_pb2.RangeRequest(key=h.key))
+                resp = await self._client.range_raw(rpc_pb2.RangeRequest(key=h.key))
             except ClientError:
                 continue
             rev = max(rev, int(resp.header.revision))

@@ -23,16 +23,18 @@ class ClientLockStore:
         self._client = client
 
     async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
-        """Commit a transaction (with failover)."""
-        return await self._client.txn(req)
+        """Commit a transaction (with failover). The recipes' transactions are guarded
+        (a retry after an unseen success fails its guard, which the recipes read as
+        "already done"), so they are retried like reads."""
+        return await self._client.txn_raw(req, idempotent=True)
 
     async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
         """Linearizable read (with failover)."""
-        return await self._client.range(req)
+        return await self._client.range_raw(req)
 
     async def lease_grant(self, ttl: int) -> int:
         """Grant a lease; its id."""
-        return int((await self._client.lease_grant(ttl)).ID)
+        return (await self._client.lease_grant(ttl)).id
 
     async def wait_change(
         self, ranges: Sequence[tuple[bytes, bytes]], after_revision: int, timeout: float

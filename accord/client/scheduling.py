@@ -291,7 +291,7 @@ class SchedulerApi:
         """One job (:class:`~accord.client.errors.NotFound` if unknown)."""
         return Job.from_pb(await self._unary("GetJob", pb.GetJobRequest(job_id=job_id), timeout))
 
-    async def list(self, *, status: str = "", tenant: str = "",
+    async def jobs(self, *, status: str = "", tenant: str = "",
                    timeout: float | None = None) -> list[Job]:
         """Jobs, optionally only those in ``status`` and of ``tenant``."""
         if status and status not in JOB_STATES:

@@ -45,7 +45,7 @@ class Session:
         """Grant the lease and start renewing it."""
         sent = time.monotonic()
         resp = await self._client.lease_grant(self.requested_ttl)
-        self.id, self.ttl = int(resp.ID), int(resp.TTL)
+        self.id, self.ttl = resp.id, resp.ttl
         self._deadline = sent + self.ttl
         self._task = asyncio.create_task(self._keepalive(), name=f"accord-session-{self.id:x}")
         return self
@@ -101,7 +101,7 @@ class Session:
                 return 0
             return int(resp.TTL)
 
-        return await self._client.pool.call(call)
+        return await self._client.pool.call(call, idempotent=True)  # renewing twice is harmless
 
     async def stop_keepalive(self) -> None:
         """Stop renewing, without revoking: the lease runs out after its TTL.

@@ -133,7 +133,7 @@ class Watch:
         self.start()
         waiter = asyncio.ensure_future(self._created.wait())
         assert self._task is not None
-        done, _ = await asyncio.wait({waiter, self._task}, timeout=timeout or
+        await asyncio.wait({waiter, self._task}, timeout=timeout or
                                      self._pool.retry_budget_s,
                                      return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()

@@ -31,13 +31,13 @@ async def test_kv_helpers_and_failover_past_a_dead_endpoint(server: tuple[str, L
     endpoint, _ = server
     (dead,) = free_ports(1)
     async with AccordClient([f"127.0.0.1:{dead}", endpoint], call_timeout_s=1.0) as c:
-        rev = await c.put("cfg/a", "1")
+        rev = (await c.put("cfg/a", "1")).revision
         kv = await c.get("cfg/a")
         assert kv is not None and kv.value == b"1" and kv.mod_revision == rev
         assert c.pool.current == endpoint
         await c.put("cfg/b", b"2")
         assert [kv.key for kv in await c.get_prefix("cfg/")] == [b"cfg/a", b"cfg/b"]
-        assert await c.delete("cfg/a") == 1
+        assert (await c.delete("cfg/a")).deleted == 1
         assert await c.get("cfg/a") is None
 
 

@@ -24,7 +24,7 @@ async def test_sync_client_lock_and_kv_from_a_thread() -> None:
                     with pytest.raises(FencedWriteRejected):
                         first.guarded_put("state/9", "stale")
                     assert not second.lost.is_set()
-                assert c.delete("a") == 1
+                assert c.delete("a").deleted == 1
                 return first.token, second.token
 
         t1, t2 = await asyncio.to_thread(work)

@@ -169,7 +169,7 @@ async def test_lease_expiring_while_its_owner_waits(
     cluster: ProcCluster, client: AccordClient,
 ) -> None:
     holder_lock = await client.lock("fence/d", ttl=5).acquire()
-    doomed = int((await client.lease_grant(2)).ID)  # never renewed
+    doomed = (await client.lease_grant(2)).id  # never renewed
     with pytest.raises(SessionExpired):
         await asyncio.wait_for(recipe.acquire(client.lock_store, "fence/d", doomed, recheck_s=0.5), 20)
     await holder_lock.release()
@@ -178,12 +178,12 @@ async def test_lease_expiring_while_its_owner_waits(
 
 async def _history(client: AccordClient, key: bytes) -> list[Write]:
     """Every committed version of ``key``, from the store's own history."""
-    head = await client.range(rpc_pb2.RangeRequest(key=key))
+    head = await client.range_raw(rpc_pb2.RangeRequest(key=key))
     upto = int(head.header.revision)
     out: list[Write] = []
     rev = 1
     while rev <= upto:
-        resp = await client.range(rpc_pb2.RangeRequest(key=key, revision=rev))
+        resp = await client.range_raw(rpc_pb2.RangeRequest(key=key, revision=rev))
         if resp.kvs and resp.kvs[0].mod_revision == rev:
             out.append(Write(rev, int(resp.kvs[0].value.split(b":")[0]), bytes(resp.kvs[0].value)))
         rev += 1
