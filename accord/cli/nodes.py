@@ -5,8 +5,8 @@
     accord nodes --gpus                        # the scheduler's GPU nodes (= accord nodes ls)
     accord nodes ls|drain|undrain|register|agent ...   # GPU node operations (see jobs.py)
 
-Members come from ``accord.membership.v1.Membership`` on the first endpoint that
-answers (``--endpoints`` or ``ACCORD_ENDPOINTS``, default ``127.0.0.1:2379``): that
+Members come from ``client.membership`` (:mod:`accord.client.membership`) on the first
+endpoint that answers (``--endpoints`` or ``ACCORD_ENDPOINTS``, default ``127.0.0.1:2379``): that
 node's view, which SWIM keeps converged with every other node's within a few probe
 intervals.
 """
@@ -15,31 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
-
-import grpc
-from google.protobuf import json_format
+from collections.abc import Sequence
 
 from accord.cli import common
-from accord.proto import membership_pb2 as pb
-from accord.proto import membership_pb2_grpc
+from accord.client.membership import SwimMember
 
-_stubs: Any = membership_pb2_grpc  # the generated stubs carry no type annotations
-T = TypeVar("T")
 TIMEOUT = 10.0
 GPU_OPS = ("ls", "drain", "undrain", "register", "agent")
 """Subcommands that operate on the scheduler's GPU nodes (``accord.cli.jobs``)."""
-
-
-def _endpoints(args: argparse.Namespace) -> common.Endpoints:
-    return common.from_args(args)
-
-
-def _first(endpoints: list[str], call: Callable[[Any], T]) -> T:
-    """Run ``call(stub)`` against the first endpoint that answers."""
-    return common.first(endpoints, lambda ch: call(_stubs.MembershipStub(ch)))
 
 
 def _age(seconds: float) -> str:
@@ -50,74 +33,66 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.0f}h"
 
 
-def _details(m: pb.Member) -> str:
+def _details(m: SwimMember) -> str:
     meta = m.metadata
-    if meta.get("role") == "accord":
+    if m.role == "accord":
         return f"id {meta.get('id', '?')} client {meta.get('client', '-')} v{meta.get('version', '?')}"
-    if meta.get("role") == "gpu-agent":
+    if m.role == "gpu-agent":
         node = meta.get("node", m.name)
         return (f"node {node}: {meta.get('gpus', '?')} GPU(s) {meta.get('models', '') or ''} "
                 f"inventory {meta.get('inventory', '-')}").replace("  ", " ")
     return ",".join(f"{k}={v}" for k, v in sorted(meta.items())) or "-"
 
 
-def _row(m: pb.Member) -> str:
-    role = m.metadata.get("role", "-")
-    return (f"{m.name:<16} {role:<10} {m.state:<8} {m.address:<22} {m.incarnation:>4} "
+def _row(m: SwimMember) -> str:
+    return (f"{m.name:<16} {m.role or '-':<10} {m.state:<8} {m.address:<22} {m.incarnation:>4} "
             f"{_age(m.state_age):>5}  {_details(m)}")
 
 
 HEADER = f"{'NAME':<16} {'ROLE':<10} {'STATE':<8} {'ADDRESS':<22} {'INC':>4} {'AGE':>5}  DETAILS"
 
 
-def _dump(msg: Any) -> dict[str, Any]:
-    out: dict[str, Any] = json_format.MessageToDict(msg, preserving_proto_field_name=True,
-                                                    always_print_fields_with_no_presence=True)
-    return out
-
-
 def _members(a: argparse.Namespace) -> int:
-    eps = _endpoints(a)
-    resp = _first(eps, lambda s: s.Members(pb.MembersRequest(role=a.role or ""), timeout=TIMEOUT))
+    with common.client(a, call_timeout_s=TIMEOUT) as c:
+        view = c.membership.members(role=a.role or "")
     if a.json:
-        print(json.dumps([_dump(m) for m in resp.members]))
+        print(common.dumps(list(view.members)))
         return 0
     print(HEADER)
-    for m in resp.members:
+    for m in view.members:
         print(_row(m))
-    live = sum(1 for m in resp.members if m.state in ("alive", "suspect"))
-    print(f"({len(resp.members)} member(s), {live} live, as seen by {resp.self})")
+    live = sum(1 for m in view.members if m.live)
+    print(f"({len(view.members)} member(s), {live} live, as seen by {view.self_name})")
     return 0
 
 
 def _watch(a: argparse.Namespace) -> int:
-    eps = _endpoints(a)
-    with common.channel(eps[0], eps) as ch:
-        stream = _stubs.MembershipStub(ch).Watch(pb.WatchRequest(role=a.role or ""))
-        seen = 0
+    seen = 0
+    with common.client(a, call_timeout_s=TIMEOUT) as c, \
+            c.membership.watch(role=a.role or "") as events:
         try:
-            for resp in stream:
-                if resp.kind == "snapshot":
+            for ev in events:
+                if ev.kind == "snapshot":
                     if a.json:
                         print(json.dumps({"kind": "snapshot",
-                                          "members": [_dump(m) for m in resp.snapshot]}), flush=True)
+                                          "members": common.to_json(list(ev.members))}),
+                              flush=True)
                     else:
                         print(HEADER)
-                        for m in resp.snapshot:
+                        for m in ev.members:
                             print(_row(m))
                         print("-- events --", flush=True)
                     continue
-                m = resp.member
-                print(json.dumps({"kind": resp.kind, "member": _dump(m)}) if a.json else
-                      f"{resp.kind:<8} {m.name} {m.address} {m.metadata.get('role', '-')} "
-                      f"incarnation {m.incarnation}", flush=True)
+                who = ev.member
+                assert who is not None
+                print(json.dumps({"kind": ev.kind, "member": common.to_json(who)}) if a.json else
+                      f"{ev.kind:<8} {who.name} {who.address} {who.role or '-'} "
+                      f"incarnation {who.incarnation}", flush=True)
                 seen += 1
                 if a.count and seen >= a.count:
                     break
         except KeyboardInterrupt:
             pass
-        finally:
-            stream.cancel()
     return 0
 
 
@@ -145,8 +120,4 @@ def nodes_main(argv: Sequence[str]) -> int:
     p.add_argument("--count", type=int, default=0, help="watch: stop after this many events")
     p.add_argument("--gpus", action="store_true", help="show the scheduler's GPU nodes instead")
     a = p.parse_args(args)
-    try:
-        return _watch(a) if a.op == "watch" else _members(a)
-    except grpc.RpcError as e:
-        print(f"accord: {e.code().name}: {e.details()}", file=sys.stderr)
-        return 1
+    return common.run(_watch if a.op == "watch" else _members, a)

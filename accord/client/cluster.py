@@ -11,6 +11,7 @@ requires.
 from __future__ import annotations
 
 import enum
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,6 +110,45 @@ class SnapshotInfo:
     size: int
     revision: int
     endpoint: str
+
+
+DEBUG_GROUPS_METHOD = "/accord.Debug/Groups"
+"""An accord node's raw-bytes method answering every Raft group's membership as JSON
+(``accord.node.members.groups_report``); etcd has no such method."""
+
+
+@dataclass(frozen=True, slots=True)
+class RaftGroup:
+    """One Raft group (meta, a KV shard, the scheduler) as one member sees it."""
+
+    id: int
+    leader: int
+    """Member id of its leader (0: none known)."""
+    voters: tuple[int, ...]
+    learners: tuple[int, ...]
+    applied: int
+
+    @property
+    def name(self) -> str:
+        """What the group holds (accord's group numbering: 1 meta, 2 and 101.. KV
+        shards, 3 the scheduler)."""
+        if self.id == 1:
+            return "meta"
+        if self.id == 2:
+            return "kv shard 0"
+        if self.id == 3:
+            return "scheduler"
+        if self.id > 100:
+            return f"kv shard {self.id - 100}"
+        return f"group {self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupsReport:
+    """Every Raft group of a node, and which member answered."""
+
+    member_id: int
+    groups: tuple[RaftGroup, ...]
 
 
 class ClusterApi:
@@ -238,6 +278,18 @@ class ClusterApi:
             await _rpc.MaintenanceStub(ch).MoveLeader(
                 rpc_pb2.MoveLeaderRequest(targetID=target_id), timeout=t)
         await self._pool.call_at(leader.endpoint, call, timeout=timeout)
+
+    async def groups(self, *, timeout: float | None = None) -> GroupsReport:
+        """Every Raft group as the answering member sees it (accord only)."""
+        async def call(ch: grpc.aio.Channel, t: float) -> bytes:
+            raw: bytes = await ch.unary_unary(DEBUG_GROUPS_METHOD)(b"", timeout=t)
+            return raw
+        report = json.loads(await self._pool.call(call, idempotent=True, timeout=timeout))
+        groups = tuple(
+            RaftGroup(int(gid), int(g["leader"]), tuple(g["voters"]), tuple(g["learners"]),
+                      int(g["applied"]))
+            for gid, g in sorted(report["groups"].items(), key=lambda kv: int(kv[0])))
+        return GroupsReport(int(report["member_id"]), groups)
 
     async def discover(self, *, timeout: float | None = None) -> list[str]:
         """Add every member's client endpoint to the client; the endpoints that were new."""

@@ -28,7 +28,14 @@ from typing import Any, Generic, TypeVar
 
 from accord.client.checkpoints_sync import SyncCheckpoints
 from accord.client.client import AccordClient
-from accord.client.cluster import Alarm, Member, MemberStatus, SnapshotInfo, StatusReport
+from accord.client.cluster import (
+    Alarm,
+    GroupsReport,
+    Member,
+    MemberStatus,
+    SnapshotInfo,
+    StatusReport,
+)
 from accord.client.kv import (
     CompactResult,
     Data,
@@ -248,6 +255,10 @@ class SyncClusterApi:
     def move_leader(self, target_id: int, *, timeout: float | None = None) -> None:
         """See :meth:`ClusterApi.move_leader`."""
         self._loop.run(self._a.move_leader(target_id, timeout=timeout))
+
+    def groups(self, *, timeout: float | None = None) -> GroupsReport:
+        """See :meth:`ClusterApi.groups`."""
+        return self._loop.run(self._a.groups(timeout=timeout))
 
     def discover(self, *, timeout: float | None = None) -> list[str]:
         """See :meth:`ClusterApi.discover`."""
