@@ -98,8 +98,8 @@ class RetryBudget:
     def try_retry(self) -> bool:
         """Take one retry's token; False when the budget is spent."""
         self._refill()
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
+        if self._tokens >= 1.0 - 1e-9:  # 5 calls x 0.2 sum to 0.999...
+            self._tokens = max(0.0, self._tokens - 1.0)
             return True
         return False
 
