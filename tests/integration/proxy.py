@@ -3,9 +3,11 @@
 Node ids come from member names, not URLs, so each node can be given its own
 ``--initial-cluster`` in which every *other* member's peer URL is a proxy
 listening on 127.0.0.1 and forwarding to that member. A link ``(a, b)`` carries
-what node ``a`` sends to node ``b``; blocking it black-holes the bytes (as a
-partition does: the sender's writes succeed, nothing arrives), and unblocking
-lets new bytes flow again.
+what ``a`` sends to ``b`` on the connections ``a`` opened to ``b``'s proxy, and the
+link ``(b, a)`` what comes back on them; blocking a link black-holes its bytes (as a
+partition does: the sender's writes succeed, nothing arrives), and unblocking lets
+new bytes flow again. Blocking only ``(b, a)`` drops the answers while the requests
+still arrive (a client whose replies are lost after the server acted on them).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class LinkProxies:
             self._writers.update((writer, up_w))
             await asyncio.gather(
                 self._pipe(reader, up_w, (src, dst)),
-                self._pipe(up_r, writer, (src, dst)),
+                self._pipe(up_r, writer, (dst, src)),
                 return_exceptions=True,
             )
             for w in (writer, up_w):

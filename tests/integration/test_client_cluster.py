@@ -1,0 +1,245 @@
+"""The client library against a real 3-node cluster of `accord serve` daemons.
+
+* a watch resumes across a kill -9 of the member its stream was on, and the events it
+  delivered are exactly the store's history (no gap, no duplicate);
+* a compacted start revision raises :class:`WatchCompacted`;
+* a put whose reply is lost after the server applied it is not sent again (a proxy drops
+  the answers on the client's connection): the caller gets :class:`OutcomeUnknown`;
+* discovery from one endpoint, each member's status, move leader, a snapshot;
+* a scheduling round trip from Python: register, submit, the placement event, finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from accord.client import (
+    AccordClient,
+    EventType,
+    JobSpec,
+    NotFound,
+    OutcomeUnknown,
+    PlacementEvent,
+    WatchCompacted,
+    WatchEvent,
+)
+from accord.proto import rpc_pb2, rpc_pb2_grpc
+from accord.services.scheduling.servicer import node_to_pb
+from accord.services.scheduling.topology import make_node
+from tests.integration.cluster import HOST, ProcCluster, ProcNode
+from tests.integration.proxy import LinkProxies
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
+    c = ProcCluster(tmp_path_factory.mktemp("client"), 3)
+    try:
+        c.start_all()
+        c.leader()
+        yield c
+    finally:
+        c.stop_all()
+
+
+def live(c: ProcCluster) -> list[ProcNode]:
+    return [n for n in c.nodes if n.proc is not None and n.proc.poll() is None]
+
+
+@pytest.fixture
+async def client(cluster: ProcCluster) -> AsyncIterator[AccordClient]:
+    async with AccordClient([n.endpoint for n in live(cluster)], call_timeout_s=3.0) as c:
+        yield c
+
+
+def store_history(node: ProcNode, prefix: bytes, start: int, last: int,
+                  timeout: float = 30.0) -> list[tuple[int, bytes, bytes, int]]:
+    """Every event of ``prefix`` from ``start`` to ``last`` as the store keeps them, read
+    on one plain etcd Watch stream of a healthy member (no resumption involved)."""
+    end = prefix[:-1] + bytes([prefix[-1] + 1])
+    req = rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(
+        key=prefix, range_end=end, start_revision=start))
+    stream = rpc_pb2_grpc.WatchStub(node.channel()).Watch(iter([req]), timeout=timeout)
+    out: list[tuple[int, bytes, bytes, int]] = []
+    try:
+        for resp in stream:
+            for ev in resp.events:
+                out.append((ev.type, ev.kv.key, ev.kv.value, ev.kv.mod_revision))
+            if out and out[-1][3] >= last:
+                break
+    finally:
+        stream.cancel()
+    return out
+
+
+def as_tuple(e: WatchEvent) -> tuple[int, bytes, bytes, int]:
+    return (0 if e.type is EventType.PUT else 1, e.kv.key, e.kv.value, e.kv.mod_revision)
+
+
+async def test_watch_resumes_across_a_kill_9_of_its_member_without_gap_or_duplicate(
+    cluster: ProcCluster,
+) -> None:
+    prefix = b"/resume/w/"  # one partition, so one shard's revisions
+    total, kill_after = 150, 40
+    async with AccordClient([n.endpoint for n in cluster.nodes], call_timeout_s=2.0) as c:
+        start = (await c.put(prefix + b"start", b"0")).revision
+        watch = c.watch(prefix, prefix=True, start_revision=start)
+        await watch.created(20)
+        victim = next(n for n in cluster.nodes if n.endpoint == watch.endpoint)
+        others = [n for n in cluster.nodes if n is not victim]
+        wrote = threading.Event()
+
+        def write() -> None:
+            for i in range(total):
+                cluster.put(prefix + f"k{i:03d}".encode(), str(i).encode(), via=others)
+            wrote.set()
+
+        writer = asyncio.create_task(asyncio.to_thread(write))
+        got: list[WatchEvent] = []
+        try:
+            async with asyncio.timeout(120):
+                async for ev in watch:
+                    got.append(ev)
+                    if len(got) == kill_after:
+                        cluster.kill(victim)  # kill -9 the member the stream is on
+                    if ev.kv.key == prefix + f"k{total - 1:03d}".encode():
+                        break
+            await writer
+        finally:
+            await watch.close()
+            if victim.proc is not None and victim.proc.poll() is not None:
+                cluster.start(victim)
+                cluster.wait_serving(victim)
+        assert wrote.is_set()
+        assert watch.reconnects >= 1 and watch.endpoint != victim.endpoint
+        history = store_history(others[0], prefix, start, got[-1].kv.mod_revision)
+        assert [as_tuple(e) for e in got] == history
+        assert len({e.kv.mod_revision for e in got}) == len(got)  # none twice
+        assert {e.kv.key for e in got} >= {prefix + f"k{i:03d}".encode() for i in range(total)}
+
+
+async def test_a_compacted_start_revision_raises_watch_compacted(client: AccordClient) -> None:
+    old = (await client.put("/compact/w/a", "1")).revision
+    now = (await client.put("/compact/w/a", "2")).revision
+    await client.compact(now, physical=True)
+    async with client.watch("/compact/w/", prefix=True, start_revision=old) as watch:
+        with pytest.raises(WatchCompacted) as e:
+            async with asyncio.timeout(20):
+                await watch.__anext__()
+    assert e.value.compact_revision >= now and e.value.requested == old
+    # from the compact revision on, the same watch works
+    async with client.watch("/compact/w/", prefix=True, start_revision=now) as watch:
+        async with asyncio.timeout(20):
+            ev = await watch.__anext__()
+    assert ev.kv.value == b"2" and ev.revision == now
+
+
+async def test_a_put_whose_reply_is_lost_is_never_sent_again(cluster: ProcCluster) -> None:
+    first, second = live(cluster)[:2]
+    proxies = LinkProxies()
+    try:
+        port = proxies.add("client", first.name, first.client_port)
+        eps = [f"{HOST}:{port}", second.endpoint]
+        async with AccordClient(eps, call_timeout_s=2.0, retry_budget_s=20.0) as c:
+            await c.get("/lost/reply/warm")  # the channel through the proxy is connected
+            assert c.pool.current == eps[0]
+            before = (await c.range("/lost/reply/", prefix=True, serializable=False)).revision
+            proxies.blocked.add((first.name, "client"))  # answers dropped, requests pass
+            retries = c.pool.retries
+            with pytest.raises(OutcomeUnknown) as e:
+                await c.put("/lost/reply/k", "once")
+            assert e.value.endpoint == eps[0] and "read the keys back" in e.value.hint
+            assert c.pool.retries == retries  # not sent to the other endpoint either
+            # the server applied it, exactly once
+            deadline = time.monotonic() + 20
+            kv = None
+            while kv is None and time.monotonic() < deadline:
+                kv = await c.get("/lost/reply/k")  # a read: fails over to the next endpoint
+                await asyncio.sleep(0.1)
+            assert kv is not None and kv.value == b"once" and kv.version == 1
+            assert kv.mod_revision > before
+            await asyncio.sleep(1.0)
+            again = await c.get("/lost/reply/k")
+            assert again is not None and again.version == 1
+            # reads were retried past the black hole; a new write goes to the live endpoint
+            assert c.pool.current == eps[1]
+            assert (await c.put("/lost/reply/k", "twice")).revision > kv.mod_revision
+    finally:
+        proxies.close()
+
+
+async def test_discovery_status_move_leader_and_snapshot(cluster: ProcCluster,
+                                                         tmp_path: Path) -> None:
+    one = live(cluster)[0]
+    async with await AccordClient.connect([one.endpoint], call_timeout_s=3.0) as c:
+        assert sorted(c.endpoints) == sorted(n.endpoint for n in cluster.nodes)
+        reports = await c.cluster.statuses()
+        assert all(r.status is not None for r in reports), [r.error for r in reports]
+        assert sum(r.status.is_leader for r in reports if r.status) == 1
+        leader = await c.cluster.leader()
+        target = next(m for m in await c.cluster.members() if m.id != leader.id)
+        await c.cluster.move_leader(target.id)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                if (await c.cluster.leader()).id == target.id:
+                    break
+            await asyncio.sleep(0.1)
+        assert (await c.cluster.leader()).id == target.id
+        chunks: list[int] = []
+        snap = await c.cluster.snapshot(tmp_path / "n.snap", endpoint=one.endpoint,
+                                        progress=lambda got, total: chunks.append(got))
+        assert snap.size > 0 and chunks[-1] == snap.size and snap.revision > 0
+
+
+async def _heartbeats(c: AccordClient, node: str) -> None:
+    while True:
+        with contextlib.suppress(Exception):
+            await c.scheduler.heartbeat(node)
+        await asyncio.sleep(0.3)
+
+
+async def test_scheduling_round_trip_from_python(client: AccordClient) -> None:
+    c = client
+    name = await c.scheduler.register_node(node_to_pb(make_node("gpu-rt", gpus=8)))
+    assert name == "gpu-rt"
+    beats = asyncio.create_task(_heartbeats(c, name))
+    try:
+        async with c.scheduler.watch_placements() as events:
+            job_id = await c.scheduler.submit(JobSpec(tasks=2, devices_per_task=4,
+                                                      selector="vendor == nvidia",
+                                                      tenant="research"))
+
+            async def next_of(kind: str) -> PlacementEvent:
+                async for ev in events:
+                    if ev.job_id == job_id and ev.kind == kind:
+                        return ev
+                raise AssertionError("placement stream ended")
+
+            placed = await asyncio.wait_for(next_of("placed"), 30)
+            assert [t.rank for t in placed.tasks] == [0, 1]
+            assert {t.host for t in placed.tasks} == {"gpu-rt"}
+            assert all(len(t.devices) == 4 and t.env["WORLD_SIZE"] for t in placed.tasks)
+            job = await c.scheduler.get(job_id)
+            assert job.status == "running" and job.spec.tenant == "research"
+            assert job_id in [j.id for j in await c.scheduler.jobs(status="running")]
+            nodes = {n.name: n for n in await c.scheduler.nodes()}
+            assert nodes["gpu-rt"].alive and job_id in nodes["gpu-rt"].running_jobs
+            await c.scheduler.job_finished(job_id)
+            finished = await asyncio.wait_for(next_of("finished"), 30)
+            assert finished.index > placed.index
+        assert (await c.scheduler.get(job_id)).status == "succeeded"
+        assert await c.scheduler.drain(name) == []
+        assert (await c.scheduler.undrain(name)) == []
+        with pytest.raises(NotFound, match="does not exist"):
+            await c.scheduler.get("no-such-job")
+    finally:
+        beats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beats
