@@ -26,7 +26,7 @@ what is retried is said in :mod:`accord.client.retry`. Errors are
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -239,14 +239,14 @@ class AccordClient:
     def watch(
         self, key: Data, range_end: Data | None = None, *, prefix: bool = False,
         from_key: bool = False, start_revision: int = 0, prev_kv: bool = False,
-        filters: Iterable[EventType] = (), progress_notify: bool = False,
-        on_progress: Any = None, require_leader: bool = True,
+        filters: Iterable[EventType] = (), on_progress: Callable[[int], None] | None = None,
+        require_leader: bool = True,
     ) -> Watch:
         """Events of a key, range or prefix from ``start_revision`` (0: from now), as an
         async iterator that resumes across member failures (see :mod:`accord.client.watch`)."""
         w = Watch(self._pool, key, range_end, prefix=prefix, from_key=from_key,
                   start_revision=start_revision, prev_kv=prev_kv, filters=filters,
-                  progress_notify=progress_notify, on_progress=on_progress,
+                  on_progress=on_progress,
                   require_leader=require_leader, on_close=self._watches.discard)
         self._watches.add(w)
         return w

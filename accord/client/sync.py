@@ -442,15 +442,15 @@ class SyncClient:
     def watch(
         self, key: Data, range_end: Data | None = None, *, prefix: bool = False,
         from_key: bool = False, start_revision: int = 0, prev_kv: bool = False,
-        filters: Iterable[EventType] = (), progress_notify: bool = False,
-        on_progress: Callable[[int], None] | None = None, require_leader: bool = True,
+        filters: Iterable[EventType] = (), on_progress: Callable[[int], None] | None = None,
+        require_leader: bool = True,
     ) -> SyncWatch:
         """See :meth:`AccordClient.watch` (``on_progress`` runs on the loop thread)."""
         async def make() -> Watch:
             return self._client.watch(
                 key, range_end, prefix=prefix, from_key=from_key, start_revision=start_revision,
-                prev_kv=prev_kv, filters=filters, progress_notify=progress_notify,
-                on_progress=on_progress, require_leader=require_leader)
+                prev_kv=prev_kv, filters=filters, on_progress=on_progress,
+                require_leader=require_leader)
         return SyncWatch(self._loop, self.run(make()))
 
     # --- leases and locks -----------------------------------------------------------------

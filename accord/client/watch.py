@@ -6,16 +6,25 @@
         async for event in watch:
             print(event.type, event.kv.key, event.kv.value)
 
-The watch keeps one etcd Watch stream open on the client's current endpoint. Each
-response's events are queued in order; ``next_revision`` is then the revision after
-the last event received (or after the revision a progress notification reported:
-everything up to it was delivered). When the stream breaks — the member was killed,
-restarted, lost its leader (the stream is opened with etcd's ``hasleader`` metadata,
-so a member cut off from the cluster ends it), or the connection dropped — the watch
-opens a new stream on the next endpoint from ``next_revision``. Because every member
-applies the same history, events resume exactly after the last one delivered: none
-twice, none skipped (an event older than ``next_revision`` that a server sends anyway
-is dropped).
+The watch keeps one etcd Watch stream open on the client's current endpoint, with
+etcd's ``hasleader`` metadata (a member cut off from the cluster ends the stream). It
+tracks a *safe revision*: every event at or below it has been received. That is the
+revision before the start (a watch "from now" first reads the range, count only, and
+starts after the read's revision: a linearizable read over several shards raises each
+one's revision counter to the read's, so exactly the later events follow), raised by
+each progress notification. Events above the safe revision are remembered by ``(key,
+mod_revision)`` until a progress notification passes them; the watch asks for one itself
+after every 128 such events or once a second while events flow, each time after a count
+read of the range (which floors shards that had no writes, so that the progress of a
+range over several shards moves too), so that memory stays small. The stream is created
+with ``progress_notify`` so that the server answers for this watch's own shards. When
+the stream breaks — the member was killed, restarted, lost its leader, the connection
+dropped, or the server cancelled a too-slow watcher — the watch opens a new stream on
+the next endpoint from the safe revision + 1 and drops the events it already delivered.
+Every member applies the same history, so none is delivered twice and none is skipped.
+Tracking a safe revision rather than "the last event's revision" matters when a range
+spans shards: the server may then deliver a lagging shard's revision 11 after another
+shard's revision 100 (``accord/services/kv/shardwatch.py``), and both must arrive.
 
 If the revision the watch needs was compacted (at the start, or while it was
 reconnecting) iteration raises :class:`~accord.client.errors.WatchCompacted` with the
@@ -24,9 +33,11 @@ oldest revision still available. A stream the server cancels for another reason 
 ``retry_budget_s`` raises :class:`~accord.client.errors.Unavailable`.
 
 Progress: ``await watch.request_progress()`` asks the server to confirm how far the
-watch is (it returns that revision); ``progress_notify=True`` has the server send such
-notifications by itself when the watch is idle. Both move :attr:`Watch.progress_revision`
-and call ``on_progress``. Filters (``filters=[EventType.DELETE]``) leave event types out.
+watch is and returns that revision (every event at or below it has been delivered; on a
+sharded cluster it is the lowest revision every shard has passed, so it can be below the
+last event's); the server also sends such notifications by itself while the watch is
+idle (the stream is always created with etcd's ``progress_notify``). Both move
+:attr:`Watch.progress_revision` and call ``on_progress(revision)``. Filters (``filters=[EventType.DELETE]``) leave event types out.
 """
 
 from __future__ import annotations
@@ -89,7 +100,7 @@ class Watch:
         self, pool: EndpointPool, key: Data, range_end: Data | None = None, *,
         prefix: bool = False, from_key: bool = False, start_revision: int = 0,
         prev_kv: bool = False, filters: Iterable[EventType] = (),
-        progress_notify: bool = False, on_progress: Callable[[int], None] | None = None,
+        on_progress: Callable[[int], None] | None = None,
         require_leader: bool = True, on_close: Callable[[Watch], None] | None = None,
     ) -> None:
         if start_revision < 0:
@@ -99,14 +110,18 @@ class Watch:
         self._prev_kv = prev_kv
         self._filters = [rpc_pb2.WatchCreateRequest.NODELETE if f is EventType.DELETE
                          else rpc_pb2.WatchCreateRequest.NOPUT for f in set(filters)]
-        self._progress_notify = progress_notify
         self._on_progress = on_progress
         self._require_leader = require_leader
         self._on_close = on_close
-        self.next_revision = start_revision
-        """The revision the watch resumes from (0 until the first stream pins "now")."""
-        self.progress_revision = 0
-        """Every event up to this revision has been received."""
+        self._start = start_revision
+        self.progress_revision = max(0, start_revision - 1)
+        """The safe revision: every event up to it has been received."""
+        self._seen: set[tuple[bytes, int]] = set()
+        """``(key, mod_revision)`` of the events received above the safe revision."""
+        self._asked_at = 0.0
+        self._asking = False
+        self._pinned = False
+        self._watch_id: int | None = None
         self.endpoint = ""
         """The endpoint the current stream is open on."""
         self.reconnects = 0
@@ -120,6 +135,12 @@ class Watch:
         self._closed = False
         self._finished = False
         self._streamed = False
+
+    @property
+    def next_revision(self) -> int:
+        """The revision a new stream would start from (0 until the watch is pinned)."""
+        return self.progress_revision + 1 if self._start or self._pinned else 0
+
 
     # --- lifetime ------------------------------------------------------------------------
     def start(self) -> Watch:
@@ -145,7 +166,7 @@ class Watch:
             raise Unavailable(grpc.StatusCode.DEADLINE_EXCEEDED,
                               "the watch was not confirmed by any endpoint in time",
                               endpoint=self.endpoint)
-        return self.next_revision - 1
+        return self.progress_revision
 
     async def close(self) -> None:
         """Stop watching (cancels the stream; iteration then ends)."""
@@ -193,6 +214,7 @@ class Watch:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._progress_waiters.append(fut)
         try:
+            await self._floor(self._pool.channel(self.endpoint))
             await self._call.write(rpc_pb2.WatchRequest(
                 progress_request=rpc_pb2.WatchProgressRequest()))
             return await asyncio.wait_for(fut, timeout or self._pool.call_timeout_s)
@@ -221,6 +243,8 @@ class Watch:
                                                          endpoint=ep))
                         return
                     last_error = f"{e.code().name}: {e.details()}"
+                except asyncio.InvalidStateError:
+                    last_error = "stream ended while a request was being written"
                 except _Done:
                     return
                 # the stream broke: resume on the next endpoint
@@ -243,59 +267,107 @@ class Watch:
         except ClientError as e:  # the pool was closed
             with contextlib.suppress(asyncio.QueueFull):
                 self._queue.put_nowait(e)
+        except Exception as e:  # a bug must reach the consumer, not hang it
+            with contextlib.suppress(asyncio.QueueFull):
+                self._queue.put_nowait(WatchError(grpc.StatusCode.INTERNAL,
+                                                  f"watch failed: {e!r}", endpoint=self.endpoint))
+            raise
+
+    async def _floor(self, ch: grpc.aio.Channel) -> int:
+        """A linearizable count read of the range: its revision (every shard the range
+        spans is at or above it afterwards)."""
+        req = rpc_pb2.RangeRequest(key=self._key, range_end=self._end, count_only=True)
+        r = await _rpc.KVStub(ch).Range(req, timeout=self._pool.call_timeout_s)
+        return int(r.header.revision)
+
+    async def _pin(self, ch: grpc.aio.Channel) -> None:
+        """Fix "from now" as the revision of a read of the range (see the module doc)."""
+        self.progress_revision = await self._floor(ch)
+        self._pinned = True
 
     async def _stream(self, ep: str) -> None:
         """One stream's life: create, then queue its events until it breaks."""
         self._streamed = False
+        ch = self._pool.channel(ep)
+        if not self._start and not self._pinned:
+            await self._pin(ch)
         md = (("hasleader", "true"),) if self._require_leader else None
-        call = _rpc.WatchStub(self._pool.channel(ep)).Watch(metadata=md)
+        call = _rpc.WatchStub(ch).Watch(metadata=md)
         self._call = call
+        self._asking = False
         try:
             await call.write(rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(
-                key=self._key, range_end=self._end, start_revision=self.next_revision,
-                prev_kv=self._prev_kv, filters=self._filters,
-                progress_notify=self._progress_notify)))
+                key=self._key, range_end=self._end, start_revision=self.progress_revision + 1,
+                prev_kv=self._prev_kv, filters=self._filters, progress_notify=True)))
             while True:
                 resp = await call.read()
                 if resp is grpc.aio.EOF or resp is None:
                     return
-                await self._handle(resp, ep)
+                if await self._handle(resp, ep):
+                    return
         finally:
             call.cancel()
 
-    async def _handle(self, resp: rpc_pb2.WatchResponse, ep: str) -> None:
+    async def _handle(self, resp: rpc_pb2.WatchResponse, ep: str) -> bool:
+        """Queue what ``resp`` brings; True when the stream must be reopened."""
         if resp.created:
-            if self.next_revision == 0:
-                self.next_revision = int(resp.header.revision) + 1
+            self._watch_id = int(resp.watch_id)
             self._streamed = True
             self._created.set()
         if resp.canceled:
             if resp.compact_revision:
-                await self._queue.put(WatchCompacted(self.next_revision,
+                await self._queue.put(WatchCompacted(self.progress_revision + 1,
                                                      int(resp.compact_revision), endpoint=ep))
-            else:
-                await self._queue.put(WatchError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"watch cancelled by the server: {resp.cancel_reason or 'no reason given'}",
-                    endpoint=ep))
+                raise _Done
+            if "too slow" in resp.cancel_reason:
+                return True  # the server dropped a slow watcher: resume where we are
+            await self._queue.put(WatchError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"watch cancelled by the server: {resp.cancel_reason or 'no reason given'}",
+                endpoint=ep))
             raise _Done
         if resp.events:
             for ev in resp.events:
-                if ev.kv.mod_revision < self.next_revision:
-                    continue  # delivered before the reconnect
+                mark = (bytes(ev.kv.key), int(ev.kv.mod_revision))
+                if mark[1] <= self.progress_revision or mark in self._seen:
+                    continue  # delivered before the stream was reopened
+                self._seen.add(mark)
                 await self._queue.put(WatchEvent.from_pb(ev))
-            self.next_revision = max(self.next_revision, int(resp.events[-1].kv.mod_revision) + 1)
-            self.progress_revision = max(self.progress_revision, self.next_revision - 1)
-            return
+            await self._ask_progress_if_due()
+            return False
         if not resp.created:
-            rev = int(resp.header.revision)
-            self.next_revision = max(self.next_revision, rev + 1)
-            self.progress_revision = max(self.progress_revision, rev)
-            for f in self._progress_waiters:
-                if not f.done():
-                    f.set_result(rev)
+            # this watch's own progress, or the stream's (-1: after every watch's own,
+            # at the lowest revision of all shards, so at most this watch's)
+            self._progress(int(resp.header.revision), answer=resp.watch_id == -1)
+        return False
+
+    def _progress(self, rev: int, *, answer: bool) -> None:
+        if rev > self.progress_revision:
+            self.progress_revision = rev
+            self._seen = {m for m in self._seen if m[1] > rev}
             if self._on_progress is not None:
                 self._on_progress(rev)
+        if answer:
+            self._asking = False
+            for f in self._progress_waiters:
+                if not f.done():
+                    f.set_result(self.progress_revision)
+
+    async def _ask_progress_if_due(self) -> None:
+        """Ask for a progress notification so the delivered-events memory stays small."""
+        now = time.monotonic()
+        if self._asking or not self._seen:
+            return
+        if len(self._seen) < 128 and now - self._asked_at < 1.0:
+            return
+        self._asking = True
+        self._asked_at = now
+        try:
+            await self._floor(self._pool.channel(self.endpoint))
+        except grpc.aio.AioRpcError:
+            pass  # the progress request still helps; a broken stream shows up on read
+        await self._call.write(rpc_pb2.WatchRequest(
+            progress_request=rpc_pb2.WatchProgressRequest()))
 
 
 class _Done(Exception):

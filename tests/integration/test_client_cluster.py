@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -58,70 +58,119 @@ async def client(cluster: ProcCluster) -> AsyncIterator[AccordClient]:
         yield c
 
 
+Row = tuple[int, bytes, bytes, int]
+"""An event as (type, key, value, mod revision)."""
+
+
 def store_history(node: ProcNode, prefix: bytes, start: int, last: int,
-                  timeout: float = 30.0) -> list[tuple[int, bytes, bytes, int]]:
+                  timeout: float = 60.0) -> list[Row]:
     """Every event of ``prefix`` from ``start`` to ``last`` as the store keeps them, read
-    on one plain etcd Watch stream of a healthy member (no resumption involved)."""
+    on one plain etcd Watch stream of a healthy member (no resumption involved): events
+    until the watch's own progress notification confirms that everything up to ``last``
+    was sent (a linearizable read of the range first raises every shard it spans to at
+    least ``last``, so that shards without writes report progress that far too)."""
     end = prefix[:-1] + bytes([prefix[-1] + 1])
-    req = rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(
-        key=prefix, range_end=end, start_revision=start))
-    stream = rpc_pb2_grpc.WatchStub(node.channel()).Watch(iter([req]), timeout=timeout)
-    out: list[tuple[int, bytes, bytes, int]] = []
+    node.kv().Range(rpc_pb2.RangeRequest(key=prefix, range_end=end, count_only=True),
+                    timeout=10.0)
+    done = threading.Event()
+
+    def requests() -> Iterator[rpc_pb2.WatchRequest]:
+        yield rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(
+            key=prefix, range_end=end, start_revision=start, progress_notify=True))
+        while not done.wait(0.2):
+            yield rpc_pb2.WatchRequest(progress_request=rpc_pb2.WatchProgressRequest())
+
+    stream = rpc_pb2_grpc.WatchStub(node.channel()).Watch(requests(), timeout=timeout)
+    out: list[Row] = []
     try:
         for resp in stream:
             for ev in resp.events:
                 out.append((ev.type, ev.kv.key, ev.kv.value, ev.kv.mod_revision))
-            if out and out[-1][3] >= last:
+            if (not resp.events and not resp.created and resp.watch_id != -1
+                    and resp.header.revision >= last):
                 break
     finally:
+        done.set()
         stream.cancel()
-    return out
+    return [r for r in out if r[3] <= last]
 
 
-def as_tuple(e: WatchEvent) -> tuple[int, bytes, bytes, int]:
+def as_row(e: WatchEvent) -> Row:
     return (0 if e.type is EventType.PUT else 1, e.kv.key, e.kv.value, e.kv.mod_revision)
 
 
-async def test_watch_resumes_across_a_kill_9_of_its_member_without_gap_or_duplicate(
-    cluster: ProcCluster,
-) -> None:
-    prefix = b"/resume/w/"  # one partition, so one shard's revisions
+async def resume_across_kill(cluster: ProcCluster, prefix: bytes,
+                             key: Callable[[int], bytes]) -> tuple[list[Row], list[Row]]:
+    """Watch ``prefix`` while 150 keys are written, kill -9 the watch's member after 40
+    events; (the events the watch delivered, the store's history), both up to the last
+    write's revision."""
     total, kill_after = 150, 40
-    async with AccordClient([n.endpoint for n in cluster.nodes], call_timeout_s=2.0) as c:
-        start = (await c.put(prefix + b"start", b"0")).revision
+    async with AccordClient([n.endpoint for n in live(cluster)], call_timeout_s=2.0) as c:
+        start = (await c.put(key(-1), b"start")).revision
         watch = c.watch(prefix, prefix=True, start_revision=start)
         await watch.created(20)
         victim = next(n for n in cluster.nodes if n.endpoint == watch.endpoint)
-        others = [n for n in cluster.nodes if n is not victim]
-        wrote = threading.Event()
+        others = [n for n in live(cluster) if n is not victim]
+        revisions: list[int] = []
 
         def write() -> None:
             for i in range(total):
-                cluster.put(prefix + f"k{i:03d}".encode(), str(i).encode(), via=others)
-            wrote.set()
+                revisions.append(cluster.put(key(i), str(i).encode(), via=others))
 
         writer = asyncio.create_task(asyncio.to_thread(write))
         got: list[WatchEvent] = []
         try:
-            async with asyncio.timeout(120):
-                async for ev in watch:
-                    got.append(ev)
+            async with asyncio.timeout(150):
+                while not writer.done() or len(got) < total:
+                    try:
+                        got.append(await asyncio.wait_for(watch.__anext__(), 1.0))
+                    except TimeoutError:
+                        print(f"waiting: {len(got)} events, writer done {writer.done()}, "
+                              f"{len(revisions)} written, reconnects {watch.reconnects}, "
+                              f"safe {watch.progress_revision}, on {watch.endpoint}")
+                        continue
                     if len(got) == kill_after:
                         cluster.kill(victim)  # kill -9 the member the stream is on
-                    if ev.kv.key == prefix + f"k{total - 1:03d}".encode():
-                        break
-            await writer
+                await writer
+                last = max(revisions)
+                while (confirmed := await watch.request_progress(10)) < last:
+                    print(f"progress {confirmed} < {last}")
+                    await asyncio.sleep(0.1)
+                # everything up to ``last`` is received now: take what is still queued
+                with contextlib.suppress(TimeoutError):
+                    while True:
+                        got.append(await asyncio.wait_for(watch.__anext__(), 0.5))
         finally:
             await watch.close()
             if victim.proc is not None and victim.proc.poll() is not None:
                 cluster.start(victim)
                 cluster.wait_serving(victim)
-        assert wrote.is_set()
         assert watch.reconnects >= 1 and watch.endpoint != victim.endpoint
-        history = store_history(others[0], prefix, start, got[-1].kv.mod_revision)
-        assert [as_tuple(e) for e in got] == history
-        assert len({e.kv.mod_revision for e in got}) == len(got)  # none twice
-        assert {e.kv.key for e in got} >= {prefix + f"k{i:03d}".encode() for i in range(total)}
+        delivered = [as_row(e) for e in got if e.kv.mod_revision <= last]
+        return delivered, store_history(others[0], prefix, start, last)
+
+
+async def test_watch_resumes_across_a_kill_9_of_its_member_without_gap_or_duplicate(
+    cluster: ProcCluster,
+) -> None:
+    prefix = b"/resume/w/"  # one partition: one shard, events in revision order
+    delivered, history = await resume_across_kill(
+        cluster, prefix, lambda i: prefix + f"k{i:03d}".encode())
+    assert delivered == history
+    assert len(set(delivered)) == len(delivered) and len(delivered) > 150
+
+
+async def test_a_watch_over_many_shards_resumes_without_gap_or_duplicate(
+    cluster: ProcCluster,
+) -> None:
+    prefix = b"/spread/"  # /spread/p0 ... /spread/p6: partitions on different shards
+    delivered, history = await resume_across_kill(
+        cluster, prefix, lambda i: prefix + f"p{i % 7}/k{i:03d}".encode())
+    # shards deliver in their own order; each key's events keep theirs
+    assert sorted(delivered) == sorted(history)
+    assert len(set(delivered)) == len(delivered) and len(delivered) > 150
+    for k in {r[1] for r in history}:
+        assert [r for r in delivered if r[1] == k] == [r for r in history if r[1] == k]
 
 
 async def test_a_compacted_start_revision_raises_watch_compacted(client: AccordClient) -> None:
