@@ -42,6 +42,11 @@ class Member:
         """``host:port`` of its first client URL (None until it has published one)."""
         return normalize(self.client_urls[0]) if self.client_urls else None
 
+    @property
+    def url(self) -> str | None:
+        """Its first client URL as published (the scheme says whether it serves TLS)."""
+        return self.client_urls[0] if self.client_urls else None
+
     @classmethod
     def from_pb(cls, m: rpc_pb2.Member) -> Member:
         """From the wire message."""
@@ -168,26 +173,28 @@ class ClusterApi:
 
     async def status(self, endpoint: str | None = None, *,
                      timeout: float | None = None) -> MemberStatus:
-        """The status of the member at ``endpoint`` (default: the current endpoint)."""
-        ep = normalize(endpoint) if endpoint else self._pool.current
+        """The status of the member at ``endpoint`` (``host:port`` or a client URL;
+        default: the current endpoint)."""
+        ep = endpoint or self._pool.current
 
         async def call(ch: grpc.aio.Channel, t: float) -> rpc_pb2.StatusResponse:
             r: rpc_pb2.StatusResponse = await _rpc.MaintenanceStub(ch).Status(
                 rpc_pb2.StatusRequest(), timeout=t)
             return r
-        return MemberStatus.from_pb(ep, await self._pool.call_at(ep, call, timeout=timeout))
+        resp = await self._pool.call_at(ep, call, timeout=timeout)
+        return MemberStatus.from_pb(normalize(ep, self._pool.tls), resp)
 
     async def statuses(self, *, timeout: float | None = None) -> list[StatusReport]:
         """Every member with its own status (or the error reading it)."""
         out: list[StatusReport] = []
         for m in await self.members(timeout=timeout):
-            if m.endpoint is None:
+            if m.url is None:
                 out.append(StatusReport(m, None, ClientError(
                     grpc.StatusCode.UNAVAILABLE, f"member {m.name or hex(m.id)} has not "
                     "published a client URL yet", hint="it may still be starting")))
                 continue
             try:
-                out.append(StatusReport(m, await self.status(m.endpoint, timeout=timeout), None))
+                out.append(StatusReport(m, await self.status(m.url, timeout=timeout), None))
             except ClientError as e:
                 out.append(StatusReport(m, None, e))
         return out
@@ -229,7 +236,7 @@ class ClusterApi:
     async def defragment(self, endpoint: str | None = None, *,
                          timeout: float | None = None) -> None:
         """Reclaim space on the member at ``endpoint`` (default: the current one)."""
-        ep = normalize(endpoint) if endpoint else self._pool.current
+        ep = endpoint or self._pool.current
 
         async def call(ch: grpc.aio.Channel, t: float) -> None:
             await _rpc.MaintenanceStub(ch).Defragment(rpc_pb2.DefragmentRequest(), timeout=t)
@@ -243,7 +250,7 @@ class ClusterApi:
         ``progress(received, total)`` is called after every chunk. The file is written
         next to ``path`` and renamed into place once complete, so ``path`` never holds
         a partial snapshot."""
-        ep = normalize(endpoint) if endpoint else self._pool.current
+        ep = endpoint or self._pool.current
         dest = Path(path)
         part = dest.with_name(dest.name + ".part")
 
@@ -267,17 +274,17 @@ class ClusterApi:
             part.unlink(missing_ok=True)
             raise
         part.replace(dest)
-        return SnapshotInfo(dest, size, revision, ep)
+        return SnapshotInfo(dest, size, revision, normalize(ep, self._pool.tls))
 
     async def move_leader(self, target_id: int, *, timeout: float | None = None) -> None:
         """Hand leadership to the member ``target_id`` (asked of the current leader)."""
         leader = await self.leader(timeout=timeout)
-        assert leader.endpoint is not None
+        assert leader.url is not None
 
         async def call(ch: grpc.aio.Channel, t: float) -> None:
             await _rpc.MaintenanceStub(ch).MoveLeader(
                 rpc_pb2.MoveLeaderRequest(targetID=target_id), timeout=t)
-        await self._pool.call_at(leader.endpoint, call, timeout=timeout)
+        await self._pool.call_at(leader.url, call, timeout=timeout)
 
     async def groups(self, *, timeout: float | None = None) -> GroupsReport:
         """Every Raft group as the answering member sees it (accord only)."""
@@ -293,5 +300,5 @@ class ClusterApi:
 
     async def discover(self, *, timeout: float | None = None) -> list[str]:
         """Add every member's client endpoint to the client; the endpoints that were new."""
-        eps = [m.endpoint for m in await self.members(timeout=timeout) if m.endpoint]
-        return self._pool.add_endpoints(eps)
+        urls = [m.url for m in await self.members(timeout=timeout) if m.url]
+        return self._pool.add_endpoints(urls)
