@@ -65,6 +65,7 @@ from accord.client.scheduling import (
     PlacementWatch,
     SchedulerStatus,
     TaskLaunch,
+    TaskStatus,
 )
 from accord.client.session import Session
 from accord.client.tls import TLSOptions, TLSOptionsError
@@ -121,6 +122,7 @@ __all__ = [
     "TLSOptions",
     "TLSOptionsError",
     "TaskLaunch",
+    "TaskStatus",
     "Txn",
     "TxnResult",
     "Unavailable",

@@ -84,6 +84,14 @@ class JobSpec:
     preemptible: bool = False
     submit_time: float = 0.0
     """Set by the server when 0."""
+    command: tuple[str, ...] = ()
+    """What each task runs (argv), started by the node's agent; empty: nothing."""
+    workdir: str = ""
+    """The tasks' working directory (empty: the agent's per-task one)."""
+    grace: float | None = None
+    """Seconds from SIGTERM to SIGKILL when a task is stopped (default 10)."""
+    max_restarts: int | None = None
+    """Failures requeued before the job is held (default 3)."""
 
     def __post_init__(self) -> None:
         if self.tasks < 1:
@@ -103,7 +111,12 @@ class JobSpec:
                        cpu_milli=self.cpu_milli, memory_mib=self.memory_mib,
                        selector=self.selector, topology_level=self.topology_level,
                        topology_required=self.topology_required, preemptible=self.preemptible,
-                       submit_time=self.submit_time)
+                       submit_time=self.submit_time, command=list(self.command),
+                       workdir=self.workdir)
+        if self.grace is not None:
+            m.grace = self.grace
+        if self.max_restarts is not None:
+            m.max_restarts = self.max_restarts
         if self.gpu_milli is not None:
             m.gpu_milli = self.gpu_milli
         if self.estimated_runtime is not None:
@@ -122,7 +135,10 @@ class JobSpec:
                    topology_level=m.topology_level, topology_required=m.topology_required,
                    estimated_runtime=(float(m.estimated_runtime)
                                       if m.HasField("estimated_runtime") else None),
-                   preemptible=m.preemptible, submit_time=float(m.submit_time))
+                   preemptible=m.preemptible, submit_time=float(m.submit_time),
+                   command=tuple(m.command), workdir=m.workdir,
+                   grace=float(m.grace) if m.HasField("grace") else None,
+                   max_restarts=int(m.max_restarts) if m.HasField("max_restarts") else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +166,27 @@ class TaskLaunch:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskStatus:
+    """How one task of the current attempt is doing, as its agent reported."""
+
+    rank: int
+    node: str
+    state: str
+    """placed, running, exited or lost."""
+    start_time: float
+    end_time: float
+    exit_code: int | None
+    """-N: killed by signal N; None while it runs."""
+    reason: str
+
+    @classmethod
+    def from_pb(cls, t: pb.TaskStatus) -> TaskStatus:
+        """From the wire message."""
+        return cls(int(t.rank), t.node, t.state, float(t.start_time), float(t.end_time),
+                   int(t.exit_code) if t.HasField("exit_code") else None, t.reason)
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     """A job as the scheduler knows it."""
 
@@ -164,6 +201,9 @@ class Job:
     starts: int
     requeues: int
     reason: str
+    task_status: tuple[TaskStatus, ...] = ()
+    """The tasks of attempt ``starts``, as their agents reported them."""
+    failures: int = 0
 
     @property
     def id(self) -> str:
@@ -175,7 +215,8 @@ class Job:
         """From the wire message."""
         return cls(JobSpec.from_pb(j.spec), j.status, tuple(TaskLaunch.from_pb(t) for t in j.tasks),
                    float(j.start_time), float(j.end_time), int(j.master_port), int(j.starts),
-                   int(j.requeues), j.reason)
+                   int(j.requeues), j.reason, tuple(TaskStatus.from_pb(t) for t in j.task_status),
+                   int(j.failures))
 
 
 @dataclass(frozen=True, slots=True)
