@@ -71,7 +71,8 @@ class Checkpoints:
             if not isinstance(out, answer):
                 raise TypeError(f"{method} answered {type(out).__name__}, not {answer.__name__}")
             return out
-        return await self.pool.call(call)
+        # reads are idempotent; every mutation carries a request id the service applies once
+        return await self.pool.call(call, idempotent=True)
 
     # ----- the job's protocol --------------------------------------------------------------
 
