@@ -26,6 +26,12 @@ killed: the agent cannot supervise processes that are not its children, so a tas
 scheduler still assigns here is also reported ``lost`` (the job is requeued without
 counting as a failure). On stop (SIGTERM), the agent stops its tasks and reports them
 lost, so their jobs are requeued at once rather than after the failure detector.
+
+TLS: given ``TLSOptions`` (``--cacert/--cert/--key``), the agent dials the cluster as the
+client library does, and with a certificate and key it also serves its log service over
+TLS with them (so the certificate must allow both uses, as the members' certificates of
+``accord.node.certs`` do); the endpoint it registers carries its scheme (``https://`` or
+``http://``), so ``accord jobs logs`` dials it the right way.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from accord.agent.discovery.inventory import Discoverer
 from accord.agent.link import SchedulerLink
 from accord.agent.logs import AgentServicer, add_agent_service
 from accord.agent.runner import TaskKey, TaskProcess, kill_leftover, leftovers
+from accord.client.tls import TLSOptions
 from accord.proto import scheduling_pb2 as pb
 from accord.services.scheduling.launch import VISIBILITY_ENV
 from accord.services.scheduling.model import Node
@@ -106,8 +113,10 @@ class NodeAgent:
                  config: AgentConfig | None = None, *, discoverer: Discoverer | None = None,
                  mig: Mapping[int, tuple[str, ...]] | None = None,
                  base_env: Mapping[str, str] | None = None,
-                 on_event: Callable[[str], None] | None = None) -> None:
-        self.link = SchedulerLink(endpoints)
+                 on_event: Callable[[str], None] | None = None,
+                 tls: TLSOptions | None = None) -> None:
+        self.link = SchedulerLink(endpoints, tls)
+        self.tls = tls
         self.node = node
         self.name = node.name
         self.config = config or AgentConfig()
@@ -137,12 +146,19 @@ class NodeAgent:
         self.task_root.mkdir(parents=True, exist_ok=True)
         self._server = grpc.aio.server()
         add_agent_service(self._server, AgentServicer(self.task_root, self._is_running))
-        port = self._server.add_insecure_port(self.config.listen)
+        tls = self.tls
+        if tls is not None and tls.cert and tls.key:
+            key, cert = await asyncio.to_thread(
+                lambda: (Path(tls.key or "").read_bytes(), Path(tls.cert or "").read_bytes()))
+            creds = grpc.ssl_server_credentials([(key, cert)])
+            port, scheme = self._server.add_secure_port(self.config.listen, creds), "https"
+        else:
+            port, scheme = self._server.add_insecure_port(self.config.listen), "http"
         if port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         await self._server.start()
         host = self.config.advertise or self.node.address
-        self.endpoint = f"{host}:{port}"
+        self.endpoint = f"{scheme}://{host}:{port}"
         if self.discoverer is not None:
             self.unhealthy = await asyncio.to_thread(self.discoverer.health)
         await self._register()

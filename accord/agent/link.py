@@ -1,6 +1,8 @@
 """The agent's async calls to the scheduler, failing over between the cluster's members.
 
-One ``grpc.aio`` channel per endpoint, made on first use. A call goes to the
+One ``grpc.aio`` channel per endpoint, made on first use, dialed as the client library
+dials (``accord.client.tls``: TLS for ``https://`` endpoints, or for any endpoint once
+TLS options are given). A call goes to the
 endpoint that last answered, then to the others in order; an unreachable member
 or one that timed out passes it on (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``), any
 other status is the answer. Mutating calls carry a request id the caller keeps
@@ -15,6 +17,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from accord.client.tls import TLSOptions, aio_channel
 from accord.proto import scheduling_pb2_grpc
 
 T = TypeVar("T")
@@ -25,10 +28,11 @@ RETRY_ON_NEXT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 class SchedulerLink:
     """``Scheduler`` stubs over every endpoint, with failover."""
 
-    def __init__(self, endpoints: list[str]) -> None:
+    def __init__(self, endpoints: list[str], tls: TLSOptions | None = None) -> None:
         if not endpoints:
             raise ValueError("no scheduler endpoint given")
         self.endpoints = list(endpoints)
+        self.tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._preferred = 0
 
@@ -36,7 +40,7 @@ class SchedulerLink:
         """The ``Scheduler`` stub of one endpoint."""
         ch = self._channels.get(endpoint)
         if ch is None:
-            ch = self._channels[endpoint] = grpc.aio.insecure_channel(endpoint)
+            ch = self._channels[endpoint] = aio_channel(endpoint, self.tls)
         return _stubs.SchedulerStub(ch)
 
     def current(self) -> str:

@@ -156,8 +156,9 @@ def agent_main(a: argparse.Namespace) -> int:
     cfg = AgentConfig(heartbeat=a.interval, reconcile=a.reconcile,
                       orphan_timeout=a.orphan_timeout, health_interval=a.health_interval,
                       max_beats=a.count, listen=a.listen, advertise=a.advertise or "")
-    agent = NodeAgent(common.endpoints(a.endpoints), node, state, cfg, discoverer=discoverer,
-                      mig=mig, on_event=_say)
+    eps = common.from_args(a)
+    agent = NodeAgent(list(eps), node, state, cfg, discoverer=discoverer,
+                      mig=mig, on_event=_say, tls=eps.tls)
     swim = None
     try:
         if gossip is not None:

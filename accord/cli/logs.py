@@ -10,8 +10,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import grpc
-
 from accord.cli import common
 from accord.proto import agent_pb2, agent_pb2_grpc, scheduling_pb2_grpc
 from accord.proto import scheduling_pb2 as pb
@@ -40,7 +38,7 @@ def print_logs(endpoints: list[str], job_id: str, rank: int, attempt: int, stder
     req = agent_pb2.ReadLogRequest(job_id=job_id, rank=rank, attempt=attempt,
                                    stream="stderr" if stderr else "stdout", follow=follow)
     out = sys.stdout.buffer
-    with grpc.insecure_channel(agent) as ch:
+    with common.channel(agent, endpoints) as ch:  # its scheme says TLS or not
         stream = _agent.AgentStub(ch).ReadLog(req, timeout=None if follow else TIMEOUT)
         try:
             for chunk in stream:

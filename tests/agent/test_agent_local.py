@@ -12,6 +12,8 @@ import grpc
 import pytest
 
 from accord.agent.daemon import AgentConfig, NodeAgent
+from accord.client.tls import TLSOptions, aio_channel
+from accord.node.certs import CertFiles, make_cluster_pki
 from accord.proto import scheduling_pb2 as pb
 from accord.proto import scheduling_pb2_grpc
 from accord.services.scheduling.model import Node
@@ -32,15 +34,20 @@ async def server() -> AsyncIterator[tuple[str, SchedulerShard]]:
         await srv.stop(0)
 
 
-async def _serve() -> tuple[str, SchedulerShard, grpc.aio.Server]:
-    """A one-replica Scheduler server on 127.0.0.1 (leader loop running)."""
+async def _serve(tls: CertFiles | None = None) -> tuple[str, SchedulerShard, grpc.aio.Server]:
+    """A one-replica Scheduler server on 127.0.0.1 (leader loop running); over TLS with
+    ``tls``'s certificate, and then its endpoint is ``https://``."""
     shard = local_shard(ShardConfig(cycle_interval=0.05, leader_grace=60.0))
     srv = grpc.aio.server()
     add_scheduler_service(srv, shard)
-    port = srv.add_insecure_port("127.0.0.1:0")
+    if tls is None:
+        port = srv.add_insecure_port("127.0.0.1:0")
+    else:
+        creds = grpc.ssl_server_credentials([(tls.key.read_bytes(), tls.cert.read_bytes())])
+        port = srv.add_secure_port("127.0.0.1:0", creds)
     await srv.start()
     shard.start()
-    return f"127.0.0.1:{port}", shard, srv
+    return f"{'https://' if tls else ''}127.0.0.1:{port}", shard, srv
 
 
 async def until(pred: Any, what: str, timeout: float = 30.0) -> None:
@@ -53,8 +60,8 @@ def cpu_node(name: str) -> Node:
     return Node(name, "127.0.0.1", 4000, 4096)
 
 
-async def submit(ep: str, spec: pb.JobSpec) -> None:
-    async with grpc.aio.insecure_channel(ep) as ch:
+async def submit(ep: str, spec: pb.JobSpec, tls: TLSOptions | None = None) -> None:
+    async with aio_channel(ep, tls) as ch:
         stub: Any = scheduling_pb2_grpc.SchedulerStub(ch)  # type: ignore[no-untyped-call]
         await stub.SubmitJob(pb.SubmitJobRequest(job=spec), timeout=10)
 
@@ -183,20 +190,38 @@ async def test_orphaned_tasks_run_until_the_timeout_then_stop(tmp_path: Path) ->
         await agent.stop(report=False)
 
 
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "mtls"])
 async def test_logs_through_the_agent_follow_until_the_task_ends(
-        server: tuple[str, SchedulerShard], tmp_path: Path) -> None:
+        tmp_path: Path, secure: bool) -> None:
+    """The agent registers, runs a task and serves its log; with ``--cacert/--cert/--key``
+    it dials the scheduler over TLS and serves the log over TLS with its certificate."""
     from accord.proto import agent_pb2, agent_pb2_grpc
 
-    ep, shard = server
+    tls = files = None
+    if secure:
+        # The agent's certificate serves its log service and dials the cluster: a
+        # member certificate (server and client use), as an operator would issue it.
+        _ca, pki = make_cluster_pki(tmp_path / "pki", ["server", "agent"], client_name="user")
+        files = pki["server"]
+        tls = TLSOptions(cacert=str(pki["agent"].ca), cert=str(pki["agent"].cert),
+                         key=str(pki["agent"].key))
+    ep, shard, srv = await _serve(files)
     cfg = AgentConfig(heartbeat=0.2, reconcile=0.5, listen="127.0.0.1:0")
-    agent = NodeAgent([ep], cpu_node("cpu-l"), tmp_path / "a", cfg)
+    agent = NodeAgent([ep], cpu_node("cpu-l"), tmp_path / "a", cfg, tls=tls)
     await agent.start()
     try:
+        assert agent.endpoint.startswith("https://" if secure else "http://")
         prog = "import time\nfor i in range(5):\n    print(i, flush=True)\n    time.sleep(0.3)\n"
         await submit(ep, pb.JobSpec(id="talk", devices_per_task=0, cpu_milli=1000,
-                                    command=[PY, "-c", prog]))
+                                    command=[PY, "-c", prog]), tls)
         await until(lambda: bool(agent.tasks), "the task to start")
-        async with grpc.aio.insecure_channel(agent.endpoint) as ch:
+        if secure:  # a client that trusts no CA cannot read the log
+            async with aio_channel(agent.endpoint, TLSOptions()) as bad:
+                with pytest.raises(grpc.RpcError):
+                    async for _ in agent_pb2_grpc.AgentStub(bad).ReadLog(  # type: ignore[no-untyped-call]
+                            agent_pb2.ReadLogRequest(job_id="talk"), timeout=5):
+                        pass
+        async with aio_channel(agent.endpoint, tls) as ch:
             stub: Any = agent_pb2_grpc.AgentStub(ch)  # type: ignore[no-untyped-call]
             got = b""
             async for chunk in stub.ReadLog(agent_pb2.ReadLogRequest(job_id="talk", follow=True),
@@ -215,3 +240,5 @@ async def test_logs_through_the_agent_follow_until_the_task_ends(
         assert shard.sm.nodes["cpu-l"].agent == agent.endpoint
     finally:
         await agent.stop()
+        await shard.stop()
+        await srv.stop(0)
