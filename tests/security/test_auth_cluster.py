@@ -241,3 +241,21 @@ def test_locks_and_accord_services_need_their_permissions(cluster: ProcCluster) 
     sched.ListJobs(scheduling_pb2.ListJobsRequest(), metadata=md(token), timeout=T)
     assert error(sched.CancelJob, scheduling_pb2.CancelJobRequest(job_id="nope"),
                  metadata=md(token))[0] == grpc.StatusCode.PERMISSION_DENIED
+    # Checkpoints: a job's manifests are granted as __accord/checkpoints/<job>.
+    from accord.proto import checkpoints_pb2, checkpoints_pb2_grpc
+
+    ckpt = checkpoints_pb2_grpc.CheckpointsStub(n1.channel())
+    steps = checkpoints_pb2.ListStepsRequest(job="j1")
+    assert error(ckpt.ListSteps, steps, metadata=md(token)) == (
+        grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied")
+    auth(n1).RoleGrantPermission(rpc_pb2.AuthRoleGrantPermissionRequest(
+        name="r", perm=auth_pb2.Permission(permType=auth_pb2.Permission.READ,
+                                           key=b"__accord/checkpoints/j1")), metadata=md(root),
+        timeout=T)
+    code = error(ckpt.ListSteps, steps, metadata=md(token))[0]  # past auth: the job is unknown
+    assert code == grpc.StatusCode.NOT_FOUND
+    assert error(ckpt.Begin, checkpoints_pb2.BeginRequest(job="j1", step=1),
+                 metadata=md(token))[0] == grpc.StatusCode.PERMISSION_DENIED  # read only
+    assert error(ckpt.ListJobs, checkpoints_pb2.ListJobsRequest(),
+                 metadata=md(token))[0] == grpc.StatusCode.PERMISSION_DENIED  # one job only
+    ckpt.ListJobs(checkpoints_pb2.ListJobsRequest(), metadata=md(root), timeout=T)

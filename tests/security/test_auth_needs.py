@@ -36,3 +36,27 @@ def test_prev_kv_needs_read_too() -> None:
         (b"k", b"", WRITE), (b"k", b"", READ)]
     assert list(delete_needs(rpc_pb2.DeleteRangeRequest(key=b"k", prev_kv=True))) == [
         (b"k", b"", WRITE), (b"k", b"", READ)]
+
+
+def test_checkpoint_calls_need_their_job_or_every_job() -> None:
+    """A job's checkpoints are granted as ``__accord/checkpoints/<job>`` (docs/security.md)."""
+    from accord.proto import checkpoints_pb2 as ck
+    from accord.services.auth.interceptor import rule_of
+
+    def needs_of(method: str, req: object) -> list[tuple[bytes, bytes, object]]:
+        rule = rule_of(f"/accord.checkpoints.v1.Checkpoints/{method}")
+        assert rule.needs is not None
+        return list(rule.needs(req))
+
+    job = b"__accord/checkpoints/j7"
+    every = (b"__accord/checkpoints/", b"__accord/checkpoints0", READ)
+    assert needs_of("Begin", ck.BeginRequest(job="j7")) == [(job, b"", WRITE)]
+    assert needs_of("Commit", ck.CommitRequest(job="j7")) == [(job, b"", WRITE)]
+    assert needs_of("RegisterShards", ck.RegisterShardsRequest(job="j7")) == [(job, b"", WRITE)]
+    assert needs_of("GetManifest", ck.GetManifestRequest(job="j7")) == [(job, b"", READ)]
+    assert needs_of("WatchLatest", ck.WatchLatestRequest(job="j7")) == [(job, b"", READ)]
+    assert needs_of("ListJobs", ck.ListJobsRequest()) == [every]
+    assert needs_of("GC", ck.GCRequest(dry_run=True)) == [every]
+    assert needs_of("GC", ck.GCRequest()) == [(every[0], every[1], WRITE)]
+    assert needs_of("GC", ck.GCRequest(jobs=["j7"])) == [(job, b"", WRITE)]
+    assert needs_of("ConfirmDeleted", ck.ConfirmDeletedRequest()) == [(every[0], every[1], WRITE)]

@@ -18,7 +18,12 @@ Rules (etcd 3.4's, measured, where etcd has the call):
   ``__accord/scheduling``, changing it (SubmitJob, CancelJob, JobFinished, Drain/Undrain)
   WRITE; GPU agents' RegisterNode/Heartbeat/ReportTask need WRITE on
   ``__accord/scheduling/nodes``;
-  the Membership service needs READ on ``__accord/membership``.
+  the Membership service needs READ on ``__accord/membership``; the Checkpoints service
+  maps each job to ``__accord/checkpoints/<job>``: reading a job's manifests (GetManifest,
+  ListSteps, WatchLatest) needs READ on it, changing them (Begin, RegisterShards, Commit,
+  Abort, SetRetention, Pin, Unpin, MoveTier, GC of named jobs) WRITE; calls over every job
+  (ListJobs, a dry-run GC of all jobs: READ; GC of all jobs, ConfirmDeleted: WRITE) need
+  the whole prefix ``__accord/checkpoints/`` (``--prefix`` grants).
 
 A method missing from the table needs root: a new service is closed until it is given
 a rule. Errors are etcd's; where etcd 3.4 sends the auth store's raw error (Maintenance,
@@ -46,6 +51,7 @@ from accord.services.auth.guard import IDENTITY, TOKEN_KEYS, AuthGuard
 from accord.services.auth.needs import READ, WRITE, Need
 from accord.services.auth.tokens import AuthInfo
 from accord.services.kv.errors import EtcdError
+from accord.services.kv.ranges import prefix_end
 
 
 class Rule(enum.Enum):
@@ -83,6 +89,8 @@ class MethodRule:
 SCHEDULING_KEY = b"__accord/scheduling"
 SCHEDULING_NODES_KEY = b"__accord/scheduling/nodes"
 MEMBERSHIP_KEY = b"__accord/membership"
+CHECKPOINTS_PREFIX = b"__accord/checkpoints/"
+"""A job ``J``'s checkpoints are granted as the key ``__accord/checkpoints/J``."""
 
 
 def _service_key(key: bytes, perm: Any) -> Callable[[Any], Iterator[Need]]:
@@ -109,6 +117,33 @@ def _revoke_lease(req: Any) -> Iterator[int]:
 def _no_needs(req: Any) -> Iterator[Need]:
     return iter(())
 
+
+def _every_job(perm: Any) -> Need:
+    return (CHECKPOINTS_PREFIX, prefix_end(CHECKPOINTS_PREFIX), perm)
+
+
+def _ckpt_job(perm: Any) -> Callable[[Any], Iterator[Need]]:
+    def needs_of(request: Any) -> Iterator[Need]:
+        yield (CHECKPOINTS_PREFIX + request.job.encode(), b"", perm)
+    return needs_of
+
+
+def _ckpt_every_job(perm: Any) -> Callable[[Any], Iterator[Need]]:
+    def needs_of(request: Any) -> Iterator[Need]:
+        yield _every_job(perm)
+    return needs_of
+
+
+def _ckpt_gc(request: Any) -> Iterator[Need]:
+    perm = READ if request.dry_run else WRITE
+    if not request.jobs:
+        yield _every_job(perm)
+    for job in request.jobs:
+        yield (CHECKPOINTS_PREFIX + job.encode(), b"", perm)
+
+
+_CKPT_READ = MethodRule(Rule.KEYS, _ckpt_job(READ))
+_CKPT_WRITE = MethodRule(Rule.KEYS, _ckpt_job(WRITE))
 
 _SCHED_READ = MethodRule(Rule.KEYS, _service_key(SCHEDULING_KEY, READ))
 _SCHED_WRITE = MethodRule(Rule.KEYS, _service_key(SCHEDULING_KEY, WRITE))
@@ -172,6 +207,15 @@ RULES: dict[str, MethodRule] = {
     "/accord.scheduling.v1.Scheduler/Status": _SCHED_READ,
     "/accord.membership.v1.Membership/Members": _MEMBERSHIP,
     "/accord.membership.v1.Membership/Watch": _MEMBERSHIP,
+    **{f"/accord.checkpoints.v1.Checkpoints/{m}": _CKPT_WRITE for m in (
+        "Begin", "RegisterShards", "Commit", "Abort", "SetRetention", "Pin", "Unpin",
+        "MoveTier")},
+    **{f"/accord.checkpoints.v1.Checkpoints/{m}": _CKPT_READ for m in (
+        "GetManifest", "ListSteps", "WatchLatest")},
+    "/accord.checkpoints.v1.Checkpoints/ListJobs": MethodRule(Rule.KEYS, _ckpt_every_job(READ)),
+    "/accord.checkpoints.v1.Checkpoints/GC": MethodRule(Rule.KEYS, _ckpt_gc),
+    "/accord.checkpoints.v1.Checkpoints/ConfirmDeleted":
+        MethodRule(Rule.KEYS, _ckpt_every_job(WRITE)),
 }
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
