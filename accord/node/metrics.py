@@ -55,6 +55,7 @@ from accord.raft.core.types import NO_NODE, Role
 from accord.raft.host.multiraft import MultiRaftHost
 from accord.raft.storage.wal import WriteAheadLog
 from accord.raft.transport.links import PeerTransport
+from accord.services.checkpoints.replicated import CheckpointGroup
 from accord.services.kv.statemachine import KVStateMachine
 from accord.services.scheduling.replicated import SCHEDULING_GROUP, SchedulerShard
 
@@ -172,6 +173,9 @@ class MonitoredNode(Protocol):
 
     @property
     def machines(self) -> list[KVStateMachine]: ...
+
+    @property
+    def checkpoints(self) -> CheckpointGroup: ...
 
 
 class NodeMetrics:
@@ -300,6 +304,7 @@ class NodeCollector(Collector):
         yield from self._network()
         yield from self._swim()
         yield from self._scheduler()
+        yield from self._checkpoints()
         m = self._m
         # etcd's names have no _total, which a counter must have in OpenMetrics: gauges here.
         yield _gauge("etcd_server_health_success", "The total number of successful /health checks.",
@@ -530,6 +535,34 @@ class NodeCollector(Collector):
                        self._m.preemptions)
         yield _counter("accord_scheduler_cycles_total",
                        "Scheduling cycles this member committed as leader.", shard.cycles)
+
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def _checkpoints(self) -> Iterator[Metric]:
+        sm = self._node.checkpoints.sm
+        yield GaugeMetricFamily("accord_checkpoint_jobs", "Jobs with checkpoint records.",
+                                value=len(sm.jobs))
+        by_state: Counter[str] = Counter(
+            s.state for job in sm.jobs.values() for s in job.steps.values())
+        steps = GaugeMetricFamily("accord_checkpoint_steps", "Checkpoint steps, by state.",
+                                  labels=["state"])
+        for state in ("pending", "committed", "aborted", "deleted"):
+            steps.add_metric([state], by_state.get(state, 0))
+        yield steps
+        yield GaugeMetricFamily("accord_checkpoint_garbage_objects",
+                                "Storage objects no kept manifest references (safe to delete, "
+                                "not yet confirmed deleted).", value=len(sm.garbage))
+        yield GaugeMetricFamily("accord_checkpoint_garbage_bytes",
+                                "Bytes of those objects.",
+                                value=sum(g.size for g in sm.garbage.values()))
+        for field, doc in (
+                ("commits", "Checkpoint steps committed (applied on this member)."),
+                ("aborts", "Pending steps aborted by their job."),
+                ("expired", "Pending steps aborted because their lease ran out."),
+                ("gc_runs", "Checkpoint GC passes applied."),
+                ("gc_deleted_steps", "Committed steps deleted by retention."),
+                ("deletions_confirmed", "Storage objects confirmed deleted after GC.")):
+            yield _counter(f"accord_checkpoint_{field}_total", doc, sm.stats[field])
 
 
 def exposition(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:

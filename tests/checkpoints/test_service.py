@@ -67,6 +67,12 @@ async def test_a_dry_run_reports_what_gc_then_does() -> None:
     assert plan.expired == done.expired == [("j", 5)]
     assert {g.uri for g in plan.deletable} == {g.uri for g in done.deletable}
     assert plan.deletable_total == done.deletable_total == 6
+    # the replica's counts the node exports (accord_checkpoint_*_total): a dry run applies nothing
+    stats = svc.state.stats
+    assert (stats["commits"], stats["gc_runs"], stats["gc_deleted_steps"], stats["expired"]) == (
+        5, 1, 2, 1)
+    assert await svc.confirm_deleted([done.deletable[0].uri]) == 1
+    assert stats["deletions_confirmed"] == 1
 
 
 async def test_watchers_see_the_latest_pointer_move() -> None:

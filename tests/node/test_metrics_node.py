@@ -16,9 +16,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from accord.client import AccordClient
+from accord.client.checkpoint_writer import CheckpointCoordinator
 from accord.node.config import Config, ConfigError
 from accord.node.server import Node
 from accord.proto import rpc_pb2, rpc_pb2_grpc
+from accord.services.checkpoints.checksum import of_bytes
 from tests.integration.cluster import free_ports
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -94,7 +97,7 @@ async def test_metrics_follow_the_node(tmp_path: Path) -> None:
         await until_led(b)
         groups = sum(v(first, "accord_raft_groups", role=r)
                      for r in ("leader", "follower", "candidate", "pre_candidate"))
-        assert groups == 4  # meta, scheduler, two KV shards
+        assert groups == 5  # meta, scheduler, checkpoints, two KV shards
         assert v(first, "etcd_server_is_leader") == 1
         assert v(first, "etcd_server_leader_changes_seen_total") >= groups
         async with channel(a) as ch:
@@ -113,6 +116,20 @@ async def test_metrics_follow_the_node(tmp_path: Path) -> None:
             other = await scrape(b)
             watch.cancel()
         assert lease.ID
+        # a checkpoint saved through the real service (its coordinator holds the job's lock)
+        async with AccordClient([f"127.0.0.1:{a.client_ports[0]}"]) as client, \
+                CheckpointCoordinator(client, "mjob", ttl=30) as coord:
+            expected = [(f"rank-{r}", r) for r in range(2)]
+            await coord.begin(1, layout={"world_size": 2}, expected=expected)
+            await client.checkpoints.register_shards("mjob", 1, coord.token, [
+                {"shard_id": f"rank-{r}", "rank": r, "size": 1, "uri": f"file:///m/{r}",
+                 "checksum": of_bytes(b"x").to_wire()} for r in range(2)])
+            await coord.commit(1)
+        saved = await scrape(a)
+        assert v(saved, "accord_checkpoint_commits_total") == 1
+        assert v(saved, "accord_checkpoint_jobs") == 1
+        assert v(saved, "accord_checkpoint_steps", state="committed") == 1
+        assert v(saved, "accord_checkpoint_gc_runs_total") == 0
         put = {"grpc_service": "etcdserverpb.KV", "grpc_method": "Put", "grpc_type": "unary"}
         assert v(after, "grpc_server_handled_total", **put, grpc_code="OK") == 20
         assert v(after, "grpc_server_handled_total", **put, grpc_code="InvalidArgument") == 1

@@ -26,7 +26,7 @@ reported), and ``confirm_deleted`` records that the storage object is gone.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -122,6 +122,10 @@ class CheckpointStateMachine:
         self.garbage: dict[str, Garbage] = {}
         self.pending: dict[tuple[str, int], None] = {}
         """Every pending step, so lease expiry needs no scan of all steps."""
+        self.stats: Counter[str] = Counter()
+        """What this replica applied since it started (``commits``, ``aborts``, ``expired``,
+        ``gc_runs``, ``gc_deleted_steps``, ``deletions_confirmed``): the node's metrics.
+        Not part of the replicated state: a restore or restart leaves it as it is."""
         self.applied: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.clock = 0.0
         self._ops: dict[str, Callable[[dict[str, Any], float], dict[str, Any]]] = {
@@ -355,6 +359,7 @@ class CheckpointStateMachine:
         if moved:
             job.latest = s.step
             job.latest_version += 1
+        self.stats["commits"] += 1
         return _ok(latest=job.latest, latest_changed=moved)
 
     def _abort(self, c: dict[str, Any], now: float) -> dict[str, Any]:
@@ -370,6 +375,7 @@ class CheckpointStateMachine:
         if s.state == PENDING:
             reason = c.get("reason") if isinstance(c.get("reason"), str) else ""
             self._end(job, s, ABORTED, str(reason)[:256] or "aborted by the job", now)
+            self.stats["aborts"] += 1
         return _ok(already=False, superseded=aborted)
 
     def _expire(self, c: dict[str, Any], now: float) -> dict[str, Any]:
@@ -386,6 +392,7 @@ class CheckpointStateMachine:
             if s.deadline < now:
                 self._end(job, s, ABORTED, f"lease expired at {s.deadline:.3f}", now)
                 out.append((name, step))
+        self.stats["expired"] += len(out)
         return out
 
     # ----- records ------------------------------------------------------------------------------
@@ -424,6 +431,8 @@ class CheckpointStateMachine:
                                           job.latest, now):
                 self._end(job, job.steps[step], DELETED, "deleted by retention", now)
                 deleted.append([job.name, step])
+        self.stats["gc_runs"] += 1
+        self.stats["gc_deleted_steps"] += len(deleted)
         return _ok(deleted=deleted, expired=[[j, s] for j, s in expired])
 
     def _confirm_deleted(self, c: dict[str, Any], now: float) -> dict[str, Any]:
@@ -441,6 +450,7 @@ class CheckpointStateMachine:
                                       "confirmed); nothing was changed", "not_found")
         for u in uris:
             del self.garbage[u]
+        self.stats["deletions_confirmed"] += len(uris)
         return _ok(confirmed=len(uris))
 
     def _move_tier(self, c: dict[str, Any], now: float) -> dict[str, Any]:
