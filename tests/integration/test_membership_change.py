@@ -3,7 +3,7 @@
 A client thread writes without pause while node 4 is added (MemberAdd through the
 etcd Cluster service, then `accord serve --initial-cluster-state existing`) and node
 1 is removed (MemberRemove). At the end every acknowledged write is readable, every
-group (meta, both KV shards, scheduler) has at least three voters on every remaining
+group (meta, both KV shards, scheduler, checkpoints) has at least three voters on every remaining
 node and none lists node 1, and node 1 has stopped by itself.
 """
 
@@ -171,7 +171,7 @@ def test_add_a_fourth_node_then_remove_one_under_writes(cluster: ProcCluster) ->
     for node in (n2, n3, n4):
         def settled(node: ProcNode = node) -> bool:
             report = groups_of(node)["groups"]
-            return len(report) == 4 and all(
+            return len(report) == 5 and all(  # meta, 2 KV shards, scheduler, checkpoints
                 len(g["voters"]) >= 3 and n1_id not in g["voters"] + g["learners"]
                 for g in report.values())
         with contextlib.suppress(AssertionError):
