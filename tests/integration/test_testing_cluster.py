@@ -19,8 +19,10 @@ async def test_a_killed_leader_is_replaced_and_catches_up_after_restart() -> Non
         leader = await c.wait_leader()
         await c.kill(leader)
         assert not c.nodes[leader].running
-        await client.put("/cfg/a", "2")  # the client fails over; a new leader serves
+        # A write the dead leader may have taken is answered OutcomeUnknown (never sent
+        # twice); once a new leader serves, the client's next write fails over to it.
         assert (await c.wait_leader()) != leader
+        await client.put("/cfg/a", "2")
         await c.restart(leader)
         node = c.nodes[leader].node
         assert node is not None
@@ -37,9 +39,9 @@ async def test_a_killed_leader_is_replaced_and_catches_up_after_restart() -> Non
 
 async def test_the_pytest_fixture_gives_a_running_cluster(accord_cluster: TestCluster) -> None:
     client = accord_cluster.client()
-    rev = await client.put("k", "v")
+    put = await client.put("k", "v")
     kv = await client.get("k")
-    assert kv is not None and kv.value == b"v" and kv.mod_revision == rev
+    assert kv is not None and kv.value == b"v" and kv.mod_revision == put.revision
     assert all(n.running for n in accord_cluster.nodes)
 
 
