@@ -445,6 +445,11 @@ class PlacementWatch:
         return await self.__aiter__().__anext__()
 
     async def __aenter__(self) -> PlacementWatch:
+        """Pin the start now: every event committed after entering is delivered, even one
+        that happens before the first read (a job submitted inside the ``async with``)."""
+        if self.next_index == 0:
+            with contextlib.suppress(grpc.RpcError):  # else the first read pins it
+                await self._pin(self._pool.channel(self._pool.current))
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -290,6 +290,20 @@ async def test_scheduling_round_trip_from_python(client: AccordClient) -> None:
         assert (await c.scheduler.undrain(name)) == []
         with pytest.raises(NotFound, match="does not exist"):
             await c.scheduler.get("no-such-job")
+        # A watch delivers what was placed after it was entered, even before its first
+        # read (the docs' example submits inside the `async with`, then reads).
+        async with c.scheduler.watch_placements() as later:
+            quick = await c.scheduler.submit(JobSpec(tasks=1, devices_per_task=1))
+            await c.scheduler.wait_placed(quick)
+
+            async def placed_event() -> PlacementEvent:
+                async for ev in later:
+                    if ev.job_id == quick and ev.kind == "placed":
+                        return ev
+                raise AssertionError("placement stream ended")
+
+            assert (await asyncio.wait_for(placed_event(), 30)).tasks
+        await c.scheduler.job_finished(quick)
     finally:
         beats.cancel()
         with contextlib.suppress(asyncio.CancelledError):
