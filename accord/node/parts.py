@@ -24,19 +24,15 @@ class MemberChangesLike(Protocol):
 
     async def add(self, peer_urls: Sequence[str], is_learner: bool) -> MemberRecord:
         """Commit a new member."""
-        ...
 
     async def remove(self, member_id: int) -> None:
         """Remove a member."""
-        ...
 
     async def update(self, member_id: int, peer_urls: Sequence[str]) -> MemberRecord:
         """Change a member's peer URLs."""
-        ...
 
     async def promote(self, member_id: int) -> MemberRecord:
         """Make a learner a voter."""
-        ...
 
 
 class NodeParts(Protocol):
@@ -45,44 +41,35 @@ class NodeParts(Protocol):
     @property
     def config(self) -> Config:
         """The resolved configuration."""
-        ...
 
     @property
     def data_dir(self) -> Path:
         """The node's data directory."""
-        ...
 
     @property
     def member_id(self) -> int:
         """This member's id."""
-        ...
 
     @property
     def shards(self) -> int:
         """How many KV shards the cluster has."""
-        ...
 
     @property
     def removed(self) -> asyncio.Event:
         """Set when this member must stop (removed, or a shard-count mismatch)."""
-        ...
 
     @property
     def transport(self) -> PeerTransport:
         """The links to the other members."""
-        ...
 
     @property
     def host(self) -> MultiRaftHost:
         """The Multi-Raft host running every group."""
-        ...
 
     @property
     def cluster(self) -> ClusterStateMachine:
         """The meta group's member table."""
-        ...
 
     @property
     def members(self) -> MemberChangesLike:
         """The member-change driver."""
-        ...
