@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from accord.raft.storage.files import replace_durably
 
 DEFAULT_HOSTS = ("127.0.0.1", "localhost")
 DEFAULT_VALID = datetime.timedelta(days=365)
@@ -59,16 +60,11 @@ def _san(host: str) -> x509.GeneralName:
 
 
 def write_pem(path: Path, data: bytes, *, private: bool = False) -> Path:
-    """Write ``data`` to ``path`` atomically (a temporary file renamed over it), so a
-    node re-reading certificates on change never sees half a file; ``private`` files
-    get mode 0600. Returns ``path``."""
+    """Write ``data`` to ``path`` atomically and durably (``replace_durably``), so a
+    node re-reading certificates on change never sees half a file and a power cut
+    never leaves none; ``private`` files get mode 0600. Returns ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-    return path
+    return replace_durably(path, data, mode=0o600 if private else 0o644)
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,8 +66,9 @@ from accord.node.tls import ReloadingTLS, client_files, peer_files
 from accord.raft.core.types import Role
 from accord.raft.host.balance import plan_moves
 from accord.raft.host.multiraft import GroupUnavailable, HostConfig, MultiRaftHost
+from accord.raft.storage.files import fsync_dir, replace_durably
 from accord.raft.storage.snapshot import SnapshotStore
-from accord.raft.storage.wal import WriteAheadLog, fsync_dir
+from accord.raft.storage.wal import WriteAheadLog
 from accord.raft.transport.links import PeerTransport
 from accord.raft.transport.tls import PeerTLS
 from accord.services.auth.statemachine import AUTH_FORMAT
@@ -479,13 +480,7 @@ def make_dir_durably(path: Path) -> None:
 
 def write_durably(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temp file, fsync, rename, fsync the dir)."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    replace_durably(path, text.encode())
 
 
 def check_shard_count(data_dir: Path, shards: int) -> int:

@@ -46,6 +46,7 @@ import crc32c
 import msgpack
 
 from accord.raft.core.types import ConfState, SnapshotMeta
+from accord.raft.storage.files import fsync_dir
 
 __all__ = [
     "SnapshotCorruptError",
@@ -77,14 +78,6 @@ class SnapshotInfo:
     meta: SnapshotMeta
     path: Path
     size: int
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _file_name(meta: SnapshotMeta) -> str:
@@ -351,7 +344,7 @@ class SnapshotStore:
         if not self.root.exists():
             self.root.mkdir(parents=True)
             if sync:
-                _fsync_dir(self.root.parent)
+                fsync_dir(self.root.parent)
         for gdir in self.root.iterdir():
             if gdir.is_dir():
                 for p in gdir.glob("*.snap.tmp"):
@@ -365,7 +358,7 @@ class SnapshotStore:
         if create and not d.exists():
             d.mkdir()
             if self.sync:
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
         return d
 
     def writer(self, group: int, meta: SnapshotMeta) -> SnapshotWriter:
@@ -424,7 +417,7 @@ class SnapshotStore:
                 p.unlink(missing_ok=True)
                 removed += 1
         if removed and self.sync:
-            _fsync_dir(d)
+            fsync_dir(d)
         return removed
 
     def latest(self, group: int) -> SnapshotInfo | None:
@@ -492,11 +485,11 @@ class SnapshotStore:
         if d.exists():
             shutil.rmtree(d)
             if self.sync:
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
 
     def _install(self, group: int, meta: SnapshotMeta, src: Path, final: Path) -> SnapshotInfo:
         os.replace(src, final)
         if self.sync:
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
         # Older snapshots stay until the WAL recorded this one (``prune``).
         return SnapshotInfo(group, meta, final, final.stat().st_size)

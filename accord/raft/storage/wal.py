@@ -115,6 +115,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from accord.raft.core.types import ConfState, HardState, PersistentState, SnapshotMeta
+from accord.raft.storage.files import fsync_dir
 from accord.raft.storage.format import (
     EMPTY_PAYLOAD,
     RECORD_HEADER_SIZE,
@@ -162,15 +163,6 @@ PREPARE_AT_FILL = 4
 
 class WALFatalError(Exception):
     """A write or fsync failed: durability can no longer be promised; stop the node."""
-
-
-def fsync_dir(path: Path | str) -> None:
-    """fsync a directory so that file creations, renames and deletions in it are durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------- state

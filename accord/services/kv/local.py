@@ -34,6 +34,7 @@ from typing import Any
 
 import crc32c
 
+from accord.raft.storage.files import fsync_dir, replace_durably
 from accord.services.cluster import snapfile
 from accord.services.kv import errors
 from accord.services.kv.backend import (
@@ -134,7 +135,7 @@ class CommandLog:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.snap_path)
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
             os.fsync(self._fd)
@@ -145,14 +146,6 @@ class CommandLog:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class LocalBackend(StateMachineBackend):
@@ -457,7 +450,5 @@ def _identity(directory: Path) -> tuple[int, int]:
         data = json.loads(path.read_text())
         return int(data["cluster_id"]), int(data["member_id"])
     ids = _random_id(), _random_id()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"cluster_id": ids[0], "member_id": ids[1]}))
-    os.replace(tmp, path)
+    replace_durably(path, json.dumps({"cluster_id": ids[0], "member_id": ids[1]}).encode())
     return ids
