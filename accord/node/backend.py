@@ -126,6 +126,10 @@ class ReplicatedBackend(StateMachineBackend):
         except GroupUnavailable as e:
             raise unavailable(e) from None
 
+    def leads(self, shard: int) -> bool:
+        """Whether this member leads ``shard``'s Raft group now."""
+        return bool(self.node.host.group(self.groups[shard]).core.role == Role.LEADER)
+
     def lease_clock(self) -> tuple[int, int]:
         """Wall-clock ms and this member's term in shard 0 (see STORE_API.md)."""
         return now_ms(), int(self._group.core.term)

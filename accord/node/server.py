@@ -322,7 +322,8 @@ class Node:
             rose.clear()
 
     async def _lease_loop(self) -> None:
-        """While leading shard 0 (the leases' home): checkpoint lease clocks, expire
+        """On every member: resolve the stale intents of multi-shard Txns on the shards
+        it leads. While leading shard 0 (the leases' home): checkpoint lease clocks, expire
         overdue leases (on every shard), and reap lease ids another shard kept after an
         interrupted revocation (seen stray in two scans in a row, so a grant still on its
         way is not taken for one)."""
@@ -333,6 +334,11 @@ class Node:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(LEASE_CHECK_INTERVAL)
+            if self.shards > 1:
+                try:  # the recovery of multi-shard Txns' stale intents (docs/txn.md)
+                    await self.backend.resolve_stale_intents()
+                except EtcdError as e:
+                    log.info("intent recovery deferred: %s", e.message)
             g = self.host.group(KV_GROUP)
             if g.core.role != Role.LEADER:
                 continue

@@ -204,7 +204,7 @@ async def generic_txn(b: DirectBackend, req: pb.TxnRequest) -> Any:
     if b.shards > 1:
         touched = sharding.shards_of_txn(req, b.shards)
         if len(touched) > 1:
-            raise sharding.txn_spans_shards(touched)
+            return await b.xcoord.txn(req, list(touched))
         shard = next(iter(touched), 0)
     return await b.commit(old_txn(req), shard)
 
@@ -227,15 +227,18 @@ async def test_backend_batches_match_the_generic_path(
         assert state(m_fast) == state(m_slow)
 
 
-async def test_backend_batch_across_shards_names_the_shards() -> None:
+async def test_backend_batch_across_shards_commits_at_one_revision_on_each() -> None:
     b = DirectBackend([SM() for _ in range(4)])
     keys = [b"/a/b/1", b"/c/d/1", b"/e/f/1", b"/g/h/1"]
-    assert len({sharding.shard_of(k, 4) for k in keys}) > 1
-    with pytest.raises(EtcdError, match="must stay within one shard") as e:
-        await b.txn(pb.TxnRequest(success=[op_put(k) for k in keys]))
-    assert e.value.message == sharding.txn_spans_shards(
-        sharding.shards_of_txn(pb.TxnRequest(success=[op_put(k) for k in keys]), 4)).message
-    assert all(m.revision == 1 for m in b.machines)
+    touched = {sharding.shard_of(k, 4) for k in keys}
+    assert len(touched) > 1
+    resp = await b.txn(pb.TxnRequest(success=[op_put(k) for k in keys]))
+    assert resp.succeeded and len(resp.responses) == 4
+    rev = resp.header.revision
+    for k in keys:
+        (kv,) = b.machines[sharding.shard_of(k, 4)].range(pb.RangeRequest(key=k)).kvs
+        assert kv.mod_revision == rev and kv.create_revision == rev
+    assert all(not m.intents for m in b.machines)
 
 
 SHARD_KEYS = [b"/a/b/1", b"/a/b/2", b"/a/b", b"/a/c/1", b"/a", b"a/1", b"a/2", b"a", b"b",
@@ -249,9 +252,9 @@ async def test_batch_shard_matches_the_generic_rule(keys: list[bytes], shards: i
     touched = sharding.shards_of_txn(req, shards)
     b = DirectBackend([SM() for _ in range(shards)])
     if len(touched) > 1:
-        with pytest.raises(EtcdError) as e:
-            await b.txn(req)
-        assert e.value.message == sharding.txn_spans_shards(touched).message
+        resp = await b.txn(req)
+        assert all(b.machines[s].revision == resp.header.revision for s in touched)
+        assert all(m.revision == 1 for i, m in enumerate(b.machines) if i not in touched)
     else:
         (shard,) = touched
         await b.txn(req)

@@ -34,8 +34,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from accord.proto import rpc_pb2
 from accord.services.cluster.alarms import AlarmTable
-from accord.services.kv import errors, fanout, sharding
+from accord.services.kv import errors, fanout, sharding, xtxn
 from accord.services.kv.errors import EtcdError
+from accord.services.kv.ranges import KeyRange
+from accord.services.kv.xcoord import Coordinator
 
 if TYPE_CHECKING:
     from accord.services.kv.shardwatch import ShardedWatchHub
@@ -209,7 +211,10 @@ class StateMachineBackend(ABC):
       one consistent snapshot at R, and a watch from R+1 misses nothing;
     * a DeleteRange over several shards deletes each shard's part in that shard's own
       revision (not one atomic step: each part is);
-    * a Txn must stay on one shard, else it is refused with an error naming the shards;
+    * a Txn over several shards commits atomically at one revision through intents and
+      a record on its lowest shard (:class:`~accord.services.kv.xcoord.Coordinator`,
+      ``docs/txn.md``); a write that meets an intent is refused in apply and proposed
+      again once it is resolved, a linearizable read that meets one waits for it;
     * leases live on shard 0 (their clock, TTL, keepalives and expiry); a grant and a
       revocation are also applied on every other shard, which keeps the set of live lease
       ids and the keys attached there, so a Put with a lease is checked where it applies,
@@ -238,6 +243,8 @@ class StateMachineBackend(ABC):
                 [m.watch_hub for m in self.machines],
                 lambda key, end: sharding.shards_of_range(key, end, n),
             )
+        self.xcoord = Coordinator(self, self.sm.limits)
+        """Multi-shard Txns, and the resolution of the intents they leave."""
 
     # --- what a subclass supplies ---------------------------------------------------------
     @abstractmethod
@@ -247,6 +254,33 @@ class StateMachineBackend(ABC):
     @abstractmethod
     async def read_barrier(self, shard: int = 0) -> None:
         """Return once this member has applied everything ``shard`` committed before."""
+
+    def leads(self, shard: int) -> bool:
+        """Whether this member leads ``shard`` (the recovery of stale intents runs on a
+        shard's leader; a single process leads every shard)."""
+        return True
+
+    async def commit_free(self, command: bytes, shard: int) -> Any:
+        """:meth:`commit`, proposed again (after the intent is resolved) while the apply
+        answers that it met a multi-shard Txn's intent."""
+        for _ in range(1000):
+            try:
+                return await self.commit(command, shard)
+            except errors.Locked as e:
+                await self.xcoord.wait_free(shard, (), txn_id=e.txn_id)
+        raise errors.TIMEOUT
+
+    async def wait_intents(self, shard: int, ranges: Sequence[KeyRange], rev: int) -> None:
+        """Before a linearizable read at ``rev`` on ``shard``: wait out the intents in its
+        way (no-op when the shard has none, the common case)."""
+        if self.machines[shard].intents.intents:
+            await self.xcoord.wait_free(shard, ranges, below=rev)
+
+    async def resolve_stale_intents(self) -> int:
+        """The recovery pass over the shards this member leads (``docs/txn.md``)."""
+        if self.shards == 1:
+            return 0
+        return await self.xcoord.resolve_stale()
 
     def lease_clock(self) -> tuple[int, int]:
         """``(now_ms, term)`` stamped on lease commands.
@@ -296,6 +330,10 @@ class StateMachineBackend(ABC):
             sm = self.machines[shards[0]]
             if not req.serializable:
                 await self.read_barrier(shards[0])
+                if sm.intents.intents:
+                    await self.wait_intents(
+                        shards[0], [KeyRange.of(req.key, req.range_end)],
+                        req.revision if req.revision > 0 else sm.revision)
             return sm.range(req, validated=True)
         if req.serializable:
             # Local and possibly stale, as etcd's serializable reads: each shard as of the
@@ -316,6 +354,8 @@ class StateMachineBackend(ABC):
         if rev > top:
             raise errors.FUTURE_REV
         await self.floor(shards, rev)
+        kr = [KeyRange.of(req.key, req.range_end)]
+        await self._each(shards, lambda s: self.wait_intents(s, kr, rev))
         sub = fanout.per_shard_request(req, rev)
         parts = [self.machines[s].range(sub) for s in shards]
         return fanout.merge_ranges(req, parts, rev, self.sm.limits)
@@ -333,7 +373,11 @@ class StateMachineBackend(ABC):
             command = self.sm.validate_and_encode_put(req)
         else:
             command = self.sm.validate_and_encode_put_v1(req)
-        result: rpc_pb2.PutResponse = await self.commit(command, self.shard_of(req.key))
+        shard = self.shard_of(req.key)
+        try:
+            result: rpc_pb2.PutResponse = await self.commit(command, shard)
+        except errors.Locked:
+            result = await self.commit_free(command, shard)
         return result
 
     async def delete_range(self, req: rpc_pb2.DeleteRangeRequest) -> rpc_pb2.DeleteRangeResponse:
@@ -341,7 +385,7 @@ class StateMachineBackend(ABC):
         self.sm.validate_delete_range(req)
         enc = self.sm.encode_delete_range(req)
         shards = sharding.shards_of_range(req.key, req.range_end, self.shards)
-        parts = await self._each(shards, lambda s: self.commit(enc, s))
+        parts = await self._each(shards, lambda s: self.commit_free(enc, s))
         if len(parts) == 1:
             result: rpc_pb2.DeleteRangeResponse = parts[0]
             return result
@@ -350,7 +394,7 @@ class StateMachineBackend(ABC):
     async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
         """Validate, then serve a read-only Txn as a read, or encode and commit it.
 
-        A Txn whose keys lie on several shards is refused (it could not be atomic)."""
+        A Txn whose keys lie on several shards goes to the multi-shard protocol."""
         compact = self.compact_commands
         items = self.sm.plain_puts(req) if compact else None
         if items is not None:
@@ -360,18 +404,26 @@ class StateMachineBackend(ABC):
         if self.shards > 1:
             touched = sharding.shards_of_txn(req, self.shards)
             if len(touched) > 1:
-                raise sharding.txn_spans_shards(touched)
+                if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
+                    self._check_space()
+                return await self.xcoord.txn(req, list(touched))
             shard = next(iter(touched), 0)
         sm = self.machines[shard]
         if sm.is_read_only_txn(req):
             # As etcd does: a Txn that cannot write is a read, linearizable through
             # ReadIndex, with no log entry.
             await self.read_barrier(shard)
+            if sm.intents.intents:
+                ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
+                await self.wait_intents(shard, ranges, sm.revision)
             return sm.read_txn(req)
         if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
             self._check_space()
-        result: rpc_pb2.TxnResponse = await self.commit(
-            self.sm.encode_txn(req, compact=compact), shard)
+        command = self.sm.encode_txn(req, compact=compact)
+        try:
+            result: rpc_pb2.TxnResponse = await self.commit(command, shard)
+        except errors.Locked:
+            result = await self.commit_free(command, shard)
         return result
 
     async def _txn_puts(self, req: rpc_pb2.TxnRequest, items: list[Any]) -> rpc_pb2.TxnResponse:
@@ -381,10 +433,18 @@ class StateMachineBackend(ABC):
         self.sm.validate_puts(items, size)
         shard = 0
         if self.shards > 1:
-            shard = _shard_of_keys(items[0::3], self.shards)
+            found = _shard_of_keys(items[0::3], self.shards)
+            if found is None:
+                self._check_space()
+                return await self.xcoord.txn(
+                    req, list(sharding.shards_of_txn(req, self.shards)))
+            shard = found
         self._check_space()
-        result: rpc_pb2.TxnResponse = await self.commit(
-            self.sm.encode_puts(items, size), shard)
+        command = self.sm.encode_puts(items, size)
+        try:
+            result: rpc_pb2.TxnResponse = await self.commit(command, shard)
+        except errors.Locked:
+            result = await self.commit_free(command, shard)
         return result
 
     async def compact(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
@@ -393,12 +453,15 @@ class StateMachineBackend(ABC):
             self.sm.validate_compact(req)
             result: rpc_pb2.CompactionResponse = await self.commit(self.sm.encode_compact(req))
             return result
+        for s, m in enumerate(self.machines):
+            if m.intents:
+                await self.xcoord.wait_free(s, (), below=req.revision)
         if req.revision <= max(m.compact_revision for m in self.machines):
             raise errors.COMPACTED
         if req.revision > self.revision:
             raise errors.FUTURE_REV
         enc = self.sm.encode_compact(req, min_revision=req.revision)
-        parts = await self._each(range(self.shards), lambda s: self.commit(enc, s))
+        parts = await self._each(range(self.shards), lambda s: self.commit_free(enc, s))
         resp = rpc_pb2.CompactionResponse()
         resp.header.revision = max(p.header.revision for p in parts)
         return resp
@@ -409,7 +472,7 @@ class StateMachineBackend(ABC):
 
         async def one(s: int) -> None:
             try:
-                await self.commit(command, s)
+                await self.commit_free(command, s)
             except EtcdError as e:
                 if not any(e.message == t.message for t in tolerate):
                     raise
@@ -441,7 +504,7 @@ class StateMachineBackend(ABC):
     async def lease_revoke(self, req: rpc_pb2.LeaseRevokeRequest) -> rpc_pb2.LeaseRevokeResponse:
         """Encode and commit a lease revocation (its keys go on every shard)."""
         enc = self.sm.encode_lease_revoke(req)
-        result: rpc_pb2.LeaseRevokeResponse = await self.commit(enc)
+        result: rpc_pb2.LeaseRevokeResponse = await self.commit_free(enc, 0)
         if self.shards > 1:
             await self._on_other_shards(enc, (errors.LEASE_NOT_FOUND,))
             result.header.revision = self.revision
@@ -545,8 +608,8 @@ def _txn_puts(req: rpc_pb2.TxnRequest) -> bool:
     return False
 
 
-def _shard_of_keys(keys: list[bytes], shards: int) -> int:
-    """The one shard holding all of ``keys`` (a batch's), else the error naming the shards.
+def _shard_of_keys(keys: list[bytes], shards: int) -> int | None:
+    """The one shard holding all of ``keys`` (a batch's), else None (several shards).
 
     The common batch shares one closed prefix (``/a/b/``: one partition), which C-level
     ``startswith`` confirms without computing every key's partition."""
@@ -566,5 +629,5 @@ def _shard_of_keys(keys: list[bytes], shards: int) -> int:
             seen.add(part)
             touched.setdefault(sharding.shard_of(key, shards), key)
     if len(touched) > 1:
-        raise sharding.txn_spans_shards(touched)
+        return None
     return next(iter(touched))

@@ -148,3 +148,19 @@ def too_many_watchers(limit: int) -> EtcdError:
 def bad_request(what: str) -> EtcdError:
     """A malformed request or command accord cannot interpret."""
     return EtcdError(_C.INVALID_ARGUMENT, f"accord: {what}")
+
+
+class Locked(EtcdError):
+    """A write met the intent of a multi-shard Txn in progress (``docs/txn.md``).
+
+    Raised in apply, so every replica refuses the same command and nothing changes; the
+    member that proposed it waits for the intent to be resolved (or resolves it past its
+    deadline) and proposes again, so a client sees it only when that takes too long."""
+
+    def __init__(self, txn_id: int) -> None:
+        super().__init__(
+            _C.UNAVAILABLE,
+            "accord: a key of this request is held by a cross-shard transaction in "
+            "progress; retry",
+        )
+        self.txn_id = txn_id

@@ -124,6 +124,15 @@ class MVCCStore:
         """Start a write transaction; its revision is max(rev + 1, min_revision)."""
         return WriteTxn(self, max(self.rev + 1, min_revision))
 
+    def begin_at(self, rev: int) -> WriteTxn:
+        """Start a *retro* write transaction at ``rev``, which may be below the current
+        revision: a multi-shard Txn reserved ``rev`` on this shard when it prepared, and
+        its intent kept every key it writes unchanged since (so each key's last version
+        is below ``rev``; ``docs/txn.md``). Reads inside it see the state at ``rev``."""
+        if rev <= 0:
+            raise ValueError("a retro write needs a positive revision")
+        return WriteTxn(self, rev, rev - 1)
+
     def raise_floor(self, rev: int) -> None:
         """Move the current revision up to ``rev`` with no change at it (a revision floor:
         the next write gets a revision above ``rev``); lower values change nothing."""
@@ -169,21 +178,25 @@ class MVCCStore:
 
     # --- replay -----------------------------------------------------------------------
     def changes_since(
-        self, start_rev: int, kr: KeyRange, max_events: int
+        self, start_rev: int, kr: KeyRange, max_events: int, until: int | None = None
     ) -> tuple[list[tuple[int, list[tuple[bytes, Rec, Rec | None]]]], int]:
         """Changes in ``kr`` from ``start_rev`` on, grouped by revision, whole revisions only.
 
         Returns ``([(rev, [(key, version, previous live version or None)...])...], next_rev)``
         with at most ``max_events`` events unless a single revision alone has more; the
-        caller continues from ``next_rev``. Versions compacted away are skipped.
+        caller continues from ``next_rev``. Versions compacted away are skipped; with
+        ``until``, nothing above it (the watch hub's closed revision).
         """
         out: list[tuple[int, list[tuple[bytes, Rec, Rec | None]]]] = []
         count = 0
         revs = self._log_revs
         i = bisect_left(revs, start_rev)
-        next_rev = max(start_rev, self.rev + 1)
+        last = self.rev if until is None else min(self.rev, until)
+        next_rev = max(start_rev, last + 1)
         while i < len(revs):
             rev = revs[i]
+            if rev > last:
+                break
             entry = self._log_keys[i]
             keys = (entry,) if isinstance(entry, bytes) else entry
             batch: list[tuple[bytes, Rec, Rec | None]] = []
@@ -282,7 +295,9 @@ class MVCCStore:
 
     def _log_append(self, rev: int, key: bytes) -> None:
         """Record that ``key`` changed at ``rev`` (once per key and revision)."""
-        if self._log_revs and self._log_revs[-1] == rev:
+        if self._log_revs and self._log_revs[-1] > rev:
+            self._log_insert(rev, (key,))
+        elif self._log_revs and self._log_revs[-1] == rev:
             prev = self._log_keys[-1]
             if isinstance(prev, bytes):
                 if prev != key:
@@ -296,6 +311,9 @@ class MVCCStore:
     def _log_append_many(self, rev: int, keys: list[bytes], repeats: bool = True) -> None:
         """Record that ``keys`` changed at ``rev`` (a key once, in first-change order;
         ``repeats=False``: the caller knows no key is there twice)."""
+        if self._log_revs and self._log_revs[-1] > rev:
+            self._log_insert(rev, tuple(dict.fromkeys(keys)))
+            return
         if self._log_revs and self._log_revs[-1] == rev:
             for key in keys:
                 self._log_append(rev, key)
@@ -305,15 +323,32 @@ class MVCCStore:
         self._log_keys.append(unique[0] if len(unique) == 1 else unique)
 
 
+    def _log_insert(self, rev: int, keys: tuple[bytes, ...]) -> None:
+        """Record a retro write's keys at ``rev``, below the log's last revision."""
+        revs = self._log_revs
+        i = bisect_left(revs, rev)
+        if i < len(revs) and revs[i] == rev:
+            prev = self._log_keys[i]
+            old = (prev,) if isinstance(prev, bytes) else prev
+            merged = tuple(dict.fromkeys((*old, *keys)))
+            self._log_keys[i] = merged[0] if len(merged) == 1 else merged
+            return
+        revs.insert(i, rev)
+        self._log_keys.insert(i, keys[0] if len(keys) == 1 else keys)
+
+
 class WriteTxn:
     """The changes of one revision, applied in place and undoable until committed."""
 
-    __slots__ = ("changes", "events", "repeats", "replaced", "rev", "store")
+    __slots__ = ("base", "changes", "events", "repeats", "replaced", "rev", "store")
 
-    def __init__(self, store: MVCCStore, rev: int) -> None:
+    def __init__(self, store: MVCCStore, rev: int, base: int | None = None) -> None:
         self.store = store
         self.rev = rev
         """The revision this transaction's changes get."""
+        self.base = store.rev if base is None else base
+        """The revision whose state it builds on: the store's latest, or ``rev - 1`` for a
+        retro write (:meth:`MVCCStore.begin_at`)."""
         self.changes: list[bytes] = []
         """Keys changed, in sub-revision order (a key may appear twice: etcd lets a Txn
         delete a range ending in ``"\\0"`` and put a key inside it)."""
@@ -328,7 +363,9 @@ class WriteTxn:
     @property
     def read_rev(self) -> int:
         """The revision reads inside this transaction see (its own changes included)."""
-        return self.rev if self.changes else self.store.rev
+        if self.changes or self.base < self.store.rev:
+            return self.rev
+        return self.store.rev
 
     def put(self, key: bytes, value: bytes, lease: int) -> Rec | None:
         """Write ``key``; returns the previous live version (None if new).
@@ -359,7 +396,7 @@ class WriteTxn:
                 prev = last
                 rec = (rev, sub, last[CREATE], last[VERSION] + 1, value, lease)
                 if last[MOD] == rev:  # changed earlier in this transaction
-                    found = _at(h, store.rev)
+                    found = _at(h, self.base)
                     before = found if found is not None and found[VALUE] is not None else None
                 else:  # ``last`` is the version as of ``store.rev``
                     before = last
@@ -384,7 +421,7 @@ class WriteTxn:
         elif h is None:
             before = None
         else:
-            found = _at(h, store.rev)
+            found = _at(h, self.base)
             before = found if found is not None and found[VALUE] is not None else None
         if h is None:
             hist[key] = rec
@@ -430,5 +467,6 @@ class WriteTxn:
             store._log_append(self.rev, changes[0])
         else:
             store._log_append_many(self.rev, changes, self.repeats)
-        store.rev = self.rev
+        if self.rev > store.rev:
+            store.rev = self.rev
         return self.events

@@ -30,15 +30,16 @@ from typing import Any
 import msgpack
 
 from accord.proto import rpc_pb2
-from accord.services.kv import errors, txn, validate
+from accord.services.kv import errors, sharding, txn, validate, xcommands, xtxn
 from accord.services.kv.codec import Kind, decode, encode
+from accord.services.kv.intents import ABORTED, COMMITTED, PENDING, Intent, IntentTable, Record
 from accord.services.kv.leases import LeaseTable
 from accord.services.kv.limits import Limits
 from accord.services.kv.mvcc import LEASE, MOD, VALUE, MVCCStore, WriteTxn
 from accord.services.kv.ops import Executor
 from accord.services.kv.pbwire import varint
 from accord.services.kv.ranges import KeyRange
-from accord.services.kv.watchhub import WatchHub
+from accord.services.kv.watchhub import Change, WatchHub
 
 SNAPSHOT_FORMAT = 1
 COMPACT_FORMAT = 2
@@ -63,6 +64,10 @@ class KVStateMachine:
         self._leases = LeaseTable(lease_id_seed)
         self._exec = Executor(self._store, self._leases, self.limits)
         self.watch_hub = WatchHub(self._store, self.limits)
+        self._x = IntentTable()
+        self._held: list[tuple[int, list[Change]]] = []
+        """Publications above an open intent's revision, held back in revision order
+        until it is resolved (``docs/txn.md``, "Watches over several shards")."""
 
     # --- state -----------------------------------------------------------------------------
     @property
@@ -84,6 +89,11 @@ class KVStateMachine:
     def leases(self) -> LeaseTable:
         """The underlying lease table (read-only use)."""
         return self._leases
+
+    @property
+    def intents(self) -> IntentTable:
+        """The open intents and transaction records of this shard (read-only use)."""
+        return self._x
 
     # --- command encoders ------------------------------------------------------------------
     @staticmethod
@@ -253,28 +263,39 @@ class KVStateMachine:
         """Apply one committed command; returns its response or raises ``EtcdError``."""
         if len(command) > 1 and command[1] == COMPACT_FORMAT:
             return self._apply_compact(command)
+        if len(command) > 1 and command[1] == xcommands.XFORMAT:
+            return self._apply_x(command)
         cmd = decode(command)
         kind = cmd.kind
         if kind == Kind.PUT:
             put = _parse(rpc_pb2.PutRequest, cmd.payload)
             validate.validate_put(put, self.limits)
+            if self._x.intents:
+                self._check_free([KeyRange(put.key, None, True)])
             self._exec.check_put_state(put, in_txn=False)
             return self._write(cmd.min_revision, lambda wt: self._exec.put(wt, put))
         if kind == Kind.DELETE_RANGE:
             dr = _parse(rpc_pb2.DeleteRangeRequest, cmd.payload)
             validate.validate_delete_range(dr, self.limits)
+            if self._x.intents:
+                self._check_free([KeyRange.of(dr.key, dr.range_end)])
             return self._write(cmd.min_revision, lambda wt: self._exec.delete_range(wt, dr))
         if kind == Kind.TXN:
             tr = _parse(rpc_pb2.TxnRequest, cmd.payload)
             validate.validate_txn(tr, self.limits)
             if txn.is_read_only(tr):
                 return self._exec.txn(None, tr)
+            if self._x.intents:
+                self._check_free([KeyRange.of(k, e) for k, e in xtxn.all_ranges(tr)])
             return self._write(cmd.min_revision, lambda wt: self._exec.txn(wt, tr))
         if kind == Kind.FLOOR:
             self._store.raise_floor(cmd.min_revision)
             return self._store.rev
         if kind == Kind.COMPACT:
             cr = _parse(rpc_pb2.CompactionRequest, cmd.payload)
+            low = self._x.lowest_rev()
+            if low and cr.revision >= low:
+                raise errors.Locked(min(self._x.intents))
             self._store.raise_floor(cmd.min_revision)
             self._store.compact(cr.revision)
             resp = rpc_pb2.CompactionResponse()
@@ -289,6 +310,8 @@ class KVStateMachine:
             rv = _parse(rpc_pb2.LeaseRevokeRequest, cmd.payload)
             if rv.ID not in self._leases.leases:
                 raise errors.LEASE_NOT_FOUND
+            if self._x.intents and self._lease_blocked(rv.ID):
+                raise errors.Locked(min(self._x.intents))
             self._revoke([rv.ID], cmd.min_revision)
             rresp = rpc_pb2.LeaseRevokeResponse()
             rresp.header.revision = self._store.rev
@@ -297,6 +320,8 @@ class KVStateMachine:
             return self._lease_checkpoint(cmd.payload)
         if kind == Kind.LEASE_EXPIRE:
             due = [i for i in dict.fromkeys(cmd.ids) if self._leases.is_expired(i)]
+            if self._x.intents:
+                due = [i for i in due if not self._lease_blocked(i)]  # expired next time
             self._revoke(due, cmd.min_revision)
             return ExpireResult(due, self._store.rev)
         # Kind.LEASE_KEEPALIVE
@@ -342,6 +367,8 @@ class KVStateMachine:
         validate.put_values(key, value, lease, ignore_value, ignore_lease, self.limits)
         validate.check_size(size, self.limits)
         ex = self._exec
+        if self._x.intents:
+            self._check_free([KeyRange(key, None, True)])
         ex.check_put_values(key, lease, ignore_value or ignore_lease, in_txn=False)
         wt = self._store.begin(min_revision)
         try:
@@ -362,6 +389,8 @@ class KVStateMachine:
     ) -> rpc_pb2.TxnResponse:
         """A Txn of plain puts: ``validate_txn``'s checks, the leases, then the writes."""
         validate.validate_puts(keys, values, size, self.limits)
+        if self._x.intents:
+            self._check_free([KeyRange(k, None, True) for k in keys])
         if any(leases):
             live = self._leases.leases
             for lease in leases:
@@ -396,14 +425,166 @@ class KVStateMachine:
         leases = self._leases
         if not leases.leases:
             # No lease exists, so no change attaches or detaches a key (the common case).
-            self.watch_hub.publish(wt.rev, changes)
+            if self._x.intents:
+                self._hold(wt.rev, changes)
+            else:
+                self.watch_hub.publish(wt.rev, changes)
             return
         for (key, rec, _before), prev in zip(changes, wt.replaced, strict=True):
             if prev is not None and prev[LEASE]:
                 leases.detach(prev[LEASE], key)
             if rec[VALUE] is not None and rec[LEASE]:
                 leases.attach(rec[LEASE], key)
-        self.watch_hub.publish(wt.rev, changes)
+        if self._x.intents:
+            self._hold(wt.rev, changes)
+        else:
+            self.watch_hub.publish(wt.rev, changes)
+
+    # --- multi-shard Txns (docs/txn.md) ------------------------------------------------------
+    def _check_free(self, ranges: list[KeyRange]) -> None:
+        """Refuse (``errors.Locked``) a write overlapping an open intent."""
+        found = self._x.blocking_any(ranges)
+        if found is not None:
+            raise errors.Locked(found.txn_id)
+
+    def _lease_blocked(self, lease_id: int) -> bool:
+        """Whether revoking ``lease_id`` would touch an open intent (a put of a prepared
+        Txn uses it, or one of its keys is held)."""
+        if self._x.using_lease([lease_id]) is not None:
+            return True
+        keys = self._leases.leases[lease_id].keys
+        return self._x.blocking_any(KeyRange(k, None, True) for k in keys) is not None
+
+    def _hold(self, rev: int, changes: list[Change]) -> None:
+        """Publish now, or hold back while an open intent reserved a lower revision."""
+        low = self._x.lowest_rev()
+        if low and rev > low:
+            self._held.append((rev, changes))
+        else:
+            self.watch_hub.publish(rev, changes)
+
+    def _release(self) -> None:
+        """After an intent left: publish the held revisions now below every open intent,
+        in revision order, and tell the hub its new closed revision."""
+        low = self._x.lowest_rev()
+        self.watch_hub.held_from = low
+        if not self._held:
+            return
+        self._held.sort(key=lambda h: h[0])
+        keep = []
+        for rev, changes in self._held:
+            if low and rev > low:
+                keep.append((rev, changes))
+            else:
+                self.watch_hub.publish(rev, changes)
+        self._held = keep
+
+    def _apply_x(self, command: bytes) -> object:
+        """Apply a format-3 command (``xcommands.py``)."""
+        body = xcommands.decode(command)
+        kind, txn_id = body[0], body[1]
+        if type(txn_id) is not int:
+            raise errors.bad_request("malformed KV command: txn id is not an integer")
+        if kind == xcommands.XKind.PREPARE:
+            return self._x_prepare(txn_id, *body[2:])
+        if kind == xcommands.XKind.COMMIT:
+            return self._x_commit(txn_id, *body[2:])
+        return self._x_abort(txn_id, *body[2:])
+
+    def _x_prepare(
+        self, txn_id: int, rev: int, record: int, shard: int, shards: int, deadline_ms: int,
+        now_ms: int, request: bytes,
+    ) -> xcommands.Prepared:
+        store, x = self._store, self._x
+        req = _parse(rpc_pb2.TxnRequest, request)
+        if shard == record:
+            x.expire_records(now_ms)
+            if txn_id in x.records:
+                return xcommands.Prepared(False, "decided", store.rev)
+        if txn_id in x.intents:
+            return xcommands.Prepared(True, "again", store.rev)
+        if store.rev >= rev:
+            return xcommands.Prepared(False, "behind", store.rev)
+        ranges = xtxn.intent_ranges(req, shard, shards, sharding.shards_of_range)
+        if x.blocking_any(ranges) is not None:
+            return xcommands.Prepared(False, "conflict", store.rev)
+
+        def owns(key: bytes) -> bool:
+            return sharding.shard_of(key, shards) == shard
+
+        answer = xcommands.Prepared(
+            True, "", store.rev, xtxn.partial_compares(store, req, store.rev),
+            xtxn.put_checks(self._exec, req, owns), max(0, store.compact_rev),
+        )
+        x.intents[txn_id] = Intent(txn_id, rev, record, deadline_ms, ranges,
+                                   xtxn.put_leases(req, owns), request)
+        if shard == record:
+            x.records[txn_id] = Record(txn_id, PENDING, rev, deadline_ms)
+        store.raise_floor(rev)
+        self.watch_hub.held_from = x.lowest_rev()
+        return answer
+
+    def _x_commit(
+        self, txn_id: int, path: tuple[bool, ...], shard: int, shards: int, now_ms: int
+    ) -> xcommands.Committed:
+        x = self._x
+        decision = None
+        intent = x.intents.get(txn_id)
+        if (intent is not None and intent.record == shard) or txn_id in x.records:
+            rec = x.records.get(txn_id)
+            if rec is None or rec.state == ABORTED:
+                return xcommands.Committed(None, xcommands.Decision(ABORTED))
+            if rec.state == PENDING:
+                rec.state, rec.path = COMMITTED, tuple(path)
+            decision = xcommands.Decision(rec.state, rec.path)
+            path = rec.path
+        if intent is None:
+            return xcommands.Committed(None, decision)
+        req = _parse(rpc_pb2.TxnRequest, intent.request)
+
+        def owns(key: bytes) -> bool:
+            return sharding.shard_of(key, shards) == shard
+
+        wt = self._store.begin_at(intent.rev)
+        try:
+            resp = xtxn.run_share(self._exec, wt, req, path, owns)
+        except BaseException:
+            wt.rollback()
+            raise
+        del x.intents[txn_id]
+        self._commit_at(wt)
+        self._release()
+        return xcommands.Committed(resp, decision)
+
+    def _commit_at(self, wt: WriteTxn) -> None:
+        """Commit a retro write: its events join the held ones at their revision."""
+        changes = wt.commit()
+        if not changes:
+            return
+        leases = self._leases
+        for (key, rec, _before), prev in zip(changes, wt.replaced, strict=True):
+            if prev is not None and prev[LEASE]:
+                leases.detach(prev[LEASE], key)
+            if rec[VALUE] is not None and rec[LEASE]:
+                leases.attach(rec[LEASE], key)
+        self._held.append((wt.rev, changes))
+
+    def _x_abort(self, txn_id: int, is_record: bool, now_ms: int) -> xcommands.Decision:
+        x = self._x
+        intent = x.intents.get(txn_id)
+        if is_record:
+            rec = x.records.get(txn_id)
+            if rec is None:
+                rec = x.records[txn_id] = Record(
+                    txn_id, ABORTED, 0, intent.deadline_ms if intent else now_ms)
+            elif rec.state == PENDING:
+                rec.state = ABORTED
+            if rec.state == COMMITTED:
+                return xcommands.Decision(COMMITTED, rec.path)
+        if intent is not None:
+            del x.intents[txn_id]
+            self._release()
+        return xcommands.Decision(ABORTED)
 
     def _revoke(self, ids: list[int], min_revision: int) -> None:
         """Delete every key of the given leases in one revision, then forget the leases."""
@@ -516,9 +697,12 @@ class KVStateMachine:
         (``await asyncio.to_thread(sm.prepare_snapshot())``) so the loop keeps applying."""
         store_image = self._store.freeze()
         lease_image = self._leases.dump()
+        x_image = self._x.dump() if self._x.intents or self._x.records else None
 
         def serialize() -> bytes:
             image = [SNAPSHOT_FORMAT, store_image(), lease_image]
+            if x_image is not None:
+                image.append(x_image)  # open intents and records (docs/txn.md)
             packed: bytes = msgpack.packb(image, use_bin_type=True)
             return packed
 
@@ -531,7 +715,8 @@ class KVStateMachine:
         lease's keys those whose version at ``revision`` holds the lease. Leases granted
         after ``revision`` stay (a grant has no revision), without keys."""
         try:
-            fmt, (rev, compact, entries), lease_image = msgpack.unpackb(data, raw=False)
+            fmt, (rev, compact, entries), lease_image, *x_image = msgpack.unpackb(
+                data, raw=False)
             if fmt != SNAPSHOT_FORMAT:
                 raise ValueError(f"unknown KV snapshot format {fmt!r}")
         except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
@@ -549,7 +734,7 @@ class KVStateMachine:
                     held.setdefault(last[LEASE], []).append(key)
         for row in lease_image[4]:
             row[3] = held.get(row[0], [])
-        image = [fmt, [revision, compact, kept], lease_image]
+        image = [fmt, [revision, compact, kept], lease_image, *x_image]
         packed: bytes = msgpack.packb(image, use_bin_type=True)
         return packed
 
@@ -562,7 +747,7 @@ class KVStateMachine:
         clock reading of an older term is ignored); the new leader's first lease
         command then rebases the deadlines into its own clock."""
         try:
-            fmt, store_image, lease_image = msgpack.unpackb(data, raw=False)
+            fmt, store_image, lease_image, *x_image = msgpack.unpackb(data, raw=False)
             if fmt != SNAPSHOT_FORMAT:
                 raise ValueError(f"unknown KV snapshot format {fmt!r}")
             shift = now_ms - lease_image[0]
@@ -571,23 +756,28 @@ class KVStateMachine:
                 row[2] += shift
         except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
             raise errors.bad_request(f"malformed KV snapshot: {exc}") from exc
-        packed: bytes = msgpack.packb([fmt, store_image, lease_image], use_bin_type=True)
+        packed: bytes = msgpack.packb([fmt, store_image, lease_image, *x_image],
+                                      use_bin_type=True)
         return packed
 
     def restore(self, data: bytes) -> None:
         """Replace the state with a snapshot's; live watchers catch up from it."""
         try:
-            fmt, store_image, lease_image = msgpack.unpackb(data, raw=False, use_list=False)
+            fmt, store_image, lease_image, *x_image = msgpack.unpackb(
+                data, raw=False, use_list=False)
             if fmt != SNAPSHOT_FORMAT:
                 raise ValueError(f"unknown KV snapshot format {fmt!r}")
             store = MVCCStore.load(store_image)
             leases = LeaseTable.load(lease_image)
+            x = IntentTable.load(x_image[0]) if x_image else IntentTable()
         except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
             raise errors.bad_request(f"malformed KV snapshot: {exc}") from exc
         self._store = store
         self._leases = leases
         self._exec = Executor(store, leases, self.limits)
-        self.watch_hub.rebind(store)
+        self._x = x
+        self._held = []
+        self.watch_hub.rebind(store, x.lowest_rev())
 
 
 def _parse(cls: Any, payload: bytes) -> Any:

@@ -200,7 +200,7 @@ class Watcher:
         if self._final is not None:
             return self._final.compact_revision or self._final.revision
         if self.synced:
-            return max(self._hub.store.rev + 1, self.min_rev)
+            return max(self._hub.progress() + 1, self.min_rev)
         return self.next_rev
 
     def share_wake(self, wake: Wake) -> None:
@@ -228,7 +228,7 @@ class Watcher:
         if self._final is not None:
             return
         if self.synced:
-            self._push(WatchBatch(self._hub.store.rev, progress=True))
+            self._push(WatchBatch(self._hub.progress(), progress=True))
         else:
             self._want_progress = True
 
@@ -250,6 +250,10 @@ class WatchHub:
         self._index: WatcherIndex[Watcher] = WatcherIndex()
         self.slow_cancels = 0
         """Watchers cancelled because their buffer overflowed (metrics)."""
+        self.held_from = 0
+        """The lowest revision an open multi-shard Txn reserved on this shard (0: none):
+        from it on, publications are held back by the state machine until it is resolved,
+        so history replays stop below it too (``docs/txn.md``)."""
 
     def __len__(self) -> int:
         return len(self._watchers)
@@ -260,7 +264,11 @@ class WatchHub:
         return sum(1 for w in self._watchers.values() if not w.synced)
 
     def progress(self) -> int:
-        """The current revision: every event up to it has been published."""
+        """The closed revision: every event up to it has been published (the current
+        revision, or just below an open multi-shard Txn's reserved one)."""
+        held = self.held_from
+        if held:
+            return min(self.store.rev, held - 1)
         return self.store.rev
 
     def watch(
@@ -287,8 +295,7 @@ class WatchHub:
         w = Watcher(self, self._next_id, KeyRange.of(key, range_end), prev_kv, filters,
                     progress_notify, limit)
         self._watchers[w.id] = w
-        store = self.store
-        if start_revision <= 0 or start_revision > store.rev:
+        if start_revision <= 0 or start_revision > self.progress():
             w.min_rev = start_revision
             self._sync(w)
         else:
@@ -333,14 +340,16 @@ class WatchHub:
         n = 0
         for w in self._watchers.values():
             if w.progress_notify and w.synced and not w._queue:
-                w._push(WatchBatch(self.store.rev, progress=True))
+                w._push(WatchBatch(self.progress(), progress=True))
                 n += 1
         return n
 
-    def rebind(self, store: MVCCStore) -> None:
-        """Switch to a restored store: every watcher catches up from history."""
-        old_next = self.store.rev + 1
+    def rebind(self, store: MVCCStore, held_from: int = 0) -> None:
+        """Switch to a restored store (``held_from``: its lowest open intent's revision):
+        every watcher catches up from history."""
+        old_next = self.progress() + 1
         self.store = store
+        self.held_from = held_from
         for w in list(self._watchers.values()):
             if w.synced:
                 self._unsync(w, max(old_next, w.min_rev))
@@ -358,7 +367,7 @@ class WatchHub:
         self._index.add(w)
         if w._want_progress:
             w._want_progress = False
-            w._push(WatchBatch(self.store.rev, progress=True))
+            w._push(WatchBatch(self.progress(), progress=True))
 
     def _unsync(self, w: Watcher, next_rev: int) -> None:
         self._detach(w)
@@ -381,15 +390,16 @@ class WatchHub:
             w._end(WatchBatch(0, compact_revision=store.compact_rev, canceled=True))
             return
         space = max(1, w.buffer_limit - w._queued_events)
+        closed = self.progress()
         while True:
-            chunks, next_rev = store.changes_since(w.next_rev, w.kr, space)
+            chunks, next_rev = store.changes_since(w.next_rev, w.kr, space, closed)
             for _rev, changes in chunks:
                 events = w._events(changes)
                 if events:
-                    w._push(WatchBatch(store.rev, events))
+                    w._push(WatchBatch(closed, events))
                     space -= len(events)
             w.next_rev = next_rev
-            if next_rev > store.rev:
+            if next_rev > closed:
                 self._sync(w)
                 return
             if space <= 0 or w._queue:

@@ -1,0 +1,163 @@
+"""Intents and transaction records: the replicated state of multi-shard Txns on one shard.
+
+An *intent* is what a prepared multi-shard Txn holds on a participant shard: the key
+ranges of the whole Txn that this shard may hold (every compare, range, put and delete of
+every branch), the leases its puts use, the revision ``rev`` it reserved there, the shard
+holding its record, its deadline and the request itself (so that whoever resolves it can
+apply it). While an intent is open, writes that overlap it are refused in apply and
+linearizable reads that overlap it wait (``docs/txn.md``).
+
+A *record* lives on the record shard (the Txn's lowest participant): PENDING from its
+prepare until one decision, COMMITTED (with the branch path) or ABORTED. The decision has
+one writer: whichever of the coordinator's commit and a resolver's abort comes first in
+the record shard's log.
+
+Both tables are plain data, part of the shard's snapshot, changed only by applying
+commands: the same entries give the same tables on every replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from accord.services.kv.ranges import KeyRange
+
+PENDING = 0
+COMMITTED = 1
+ABORTED = 2
+
+RECORD_RETENTION_MS = 600_000
+"""How long past its deadline a decided record is kept for late resolvers (10 minutes)."""
+
+
+@dataclass(slots=True)
+class Intent:
+    """One prepared multi-shard Txn on this shard."""
+
+    txn_id: int
+    rev: int
+    """The revision reserved here: the Txn's commit revision on every participant."""
+    record: int
+    """The shard holding the Txn's record."""
+    deadline_ms: int
+    """After this (the coordinator's clock), anyone may resolve it through the record."""
+    ranges: tuple[KeyRange, ...]
+    leases: frozenset[int]
+    request: bytes
+    """The serialized TxnRequest."""
+
+    def overlaps(self, kr: KeyRange) -> bool:
+        """Whether ``kr`` shares a key with one of this intent's ranges."""
+        return any(r.overlaps(kr) for r in self.ranges)
+
+    def dump(self) -> list[Any]:
+        """A msgpack-able image."""
+        return [
+            self.txn_id, self.rev, self.record, self.deadline_ms,
+            [[r.start, r.end, r.single] for r in self.ranges], sorted(self.leases),
+            self.request,
+        ]
+
+    @classmethod
+    def load(cls, row: Any) -> Intent:
+        """Rebuild from :meth:`dump`'s image."""
+        txn_id, rev, record, deadline, ranges, leases, request = row
+        return cls(
+            int(txn_id), int(rev), int(record), int(deadline),
+            tuple(KeyRange(s, e, bool(one)) for s, e, one in ranges),
+            frozenset(int(i) for i in leases), bytes(request),
+        )
+
+
+@dataclass(slots=True)
+class Record:
+    """A multi-shard Txn's record on its record shard."""
+
+    txn_id: int
+    state: int
+    rev: int
+    deadline_ms: int
+    path: tuple[bool, ...] = ()
+
+    def dump(self) -> list[Any]:
+        """A msgpack-able image."""
+        return [self.txn_id, self.state, self.rev, self.deadline_ms, list(self.path)]
+
+    @classmethod
+    def load(cls, row: Any) -> Record:
+        """Rebuild from :meth:`dump`'s image."""
+        txn_id, state, rev, deadline, path = row
+        return cls(int(txn_id), int(state), int(rev), int(deadline),
+                   tuple(bool(p) for p in path))
+
+
+class IntentTable:
+    """The open intents and the records of one shard."""
+
+    __slots__ = ("intents", "records")
+
+    def __init__(self) -> None:
+        self.intents: dict[int, Intent] = {}
+        self.records: dict[int, Record] = {}
+
+    def __bool__(self) -> bool:
+        """Whether any intent is open (the one check the single-shard path pays)."""
+        return bool(self.intents)
+
+    def blocking(self, kr: KeyRange, *, other_than: int = 0) -> Intent | None:
+        """An open intent (not ``other_than``'s) overlapping ``kr``, or None."""
+        for intent in self.intents.values():
+            if intent.txn_id != other_than and intent.overlaps(kr):
+                return intent
+        return None
+
+    def blocking_any(self, ranges: Iterable[KeyRange], *, other_than: int = 0) -> Intent | None:
+        """An open intent overlapping any of ``ranges``, or None."""
+        for kr in ranges:
+            found = self.blocking(kr, other_than=other_than)
+            if found is not None:
+                return found
+        return None
+
+    def using_lease(self, lease_ids: Iterable[int]) -> Intent | None:
+        """An open intent one of whose puts uses one of ``lease_ids``, or None."""
+        ids = set(lease_ids)
+        for intent in self.intents.values():
+            if intent.leases & ids:
+                return intent
+        return None
+
+    def lowest_rev(self) -> int:
+        """The lowest revision an open intent reserved (0: none open)."""
+        return min((i.rev for i in self.intents.values()), default=0)
+
+    def expire_records(self, now_ms: int) -> None:
+        """Forget decided records whose deadline is :data:`RECORD_RETENTION_MS` past."""
+        gone = [
+            t for t, r in self.records.items()
+            if r.state != PENDING and r.deadline_ms + RECORD_RETENTION_MS < now_ms
+        ]
+        for t in gone:
+            del self.records[t]
+
+    def dump(self) -> list[Any]:
+        """A msgpack-able, deterministic image."""
+        return [
+            [self.intents[t].dump() for t in sorted(self.intents)],
+            [self.records[t].dump() for t in sorted(self.records)],
+        ]
+
+    @classmethod
+    def load(cls, image: Any) -> IntentTable:
+        """Rebuild from :meth:`dump`'s image."""
+        table = cls()
+        intents, records = image
+        for row in intents:
+            i = Intent.load(row)
+            table.intents[i.txn_id] = i
+        for row in records:
+            r = Record.load(row)
+            table.records[r.txn_id] = r
+        return table

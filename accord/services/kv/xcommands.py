@@ -1,0 +1,104 @@
+"""The Raft commands of a multi-shard Txn (format 3) and what applying them answers.
+
+``[3, kind, txn_id, ...]``, msgpack, beside formats 1 and 2 (``codec.py``,
+``statemachine.py``); see ``docs/txn.md`` for the protocol:
+
+* ``PREPARE``: ``[3, 1, txn_id, rev, record, shard, shards, deadline_ms, now_ms, request]``
+  write an intent (and, on the record shard, the PENDING record), reserve ``rev``;
+* ``COMMIT``: ``[3, 2, txn_id, path, shard, shards, now_ms]``: on the record shard the
+  decision, on every participant its share of the writes at the reserved revision;
+* ``ABORT``: ``[3, 3, txn_id, is_record, now_ms]``: on the record shard, abort unless
+  committed (a missing record becomes an ABORTED tombstone) and answer the decision; on
+  a participant, drop the intent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+from accord.proto import rpc_pb2
+from accord.services.kv import errors
+
+XFORMAT = 3
+
+
+class XKind(IntEnum):
+    """What a format-3 command does."""
+
+    PREPARE = 1
+    COMMIT = 2
+    ABORT = 3
+
+
+def _pack(body: list[Any]) -> bytes:
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return packed
+
+
+def encode_prepare(
+    txn_id: int, rev: int, record: int, shard: int, shards: int, deadline_ms: int,
+    now_ms: int, request: bytes,
+) -> bytes:
+    """A PREPARE of ``request`` (a serialized TxnRequest) on ``shard``."""
+    return _pack([XFORMAT, XKind.PREPARE.value, txn_id, rev, record, shard, shards,
+                  deadline_ms, now_ms, request])
+
+
+def encode_commit(txn_id: int, path: list[bool], shard: int, shards: int, now_ms: int) -> bytes:
+    """A COMMIT of the branch ``path`` on ``shard``."""
+    return _pack([XFORMAT, XKind.COMMIT.value, txn_id, list(path), shard, shards, now_ms])
+
+
+def encode_abort(txn_id: int, is_record: bool, now_ms: int) -> bytes:
+    """An ABORT (on the record shard: unless committed; elsewhere: drop the intent)."""
+    return _pack([XFORMAT, XKind.ABORT.value, txn_id, bool(is_record), now_ms])
+
+
+def decode(command: bytes) -> tuple[Any, ...]:
+    """The fields of a format-3 command after the format number; bad input raises."""
+    try:
+        body = msgpack.unpackb(command, raw=False, use_list=False)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise errors.bad_request(f"malformed KV command: {exc}") from exc
+    sizes = {XKind.PREPARE: 10, XKind.COMMIT: 7, XKind.ABORT: 5}
+    if type(body) is not tuple or len(body) < 3 or body[0] != XFORMAT:
+        raise errors.bad_request("malformed KV command: not a format-3 command")
+    kind = body[1]
+    if kind not in sizes or len(body) != sizes[XKind(kind)]:
+        raise errors.bad_request(f"malformed KV command: bad cross-shard command {kind!r}")
+    return body[1:]
+
+
+@dataclass(slots=True)
+class Prepared:
+    """What a PREPARE answers: ``ok``, or why not (``behind``: this shard's revision is
+    already at or past the candidate, ``conflict``: another Txn's intent, ``decided``: the
+    record was decided before this prepare)."""
+
+    ok: bool
+    reason: str = ""
+    rev: int = 0
+    """This shard's revision when it applied the prepare."""
+    compares: list[list[tuple[bool, bool]]] = field(default_factory=list)
+    checks: dict[int, str] = field(default_factory=dict)
+    compact_rev: int = 0
+
+
+@dataclass(slots=True)
+class Decision:
+    """The record's state after a COMMIT or an ABORT on the record shard."""
+
+    state: int
+    path: tuple[bool, ...] = ()
+
+
+@dataclass(slots=True)
+class Committed:
+    """A participant's share of a committed Txn (``response`` None: resolved before)."""
+
+    response: rpc_pb2.TxnResponse | None
+    decision: Decision | None = None

@@ -1,0 +1,221 @@
+"""The coordinator of multi-shard Txns, and the resolution of intents (``docs/txn.md``).
+
+:class:`Coordinator` runs on the member that received the Txn: prepare on every
+participant, the decision on the record shard (the lowest participant), the commit on
+the others, then one merged answer at the Txn's revision. :meth:`Coordinator.wait_free`
+is what a reader or a writer that met an intent calls: it waits until the intent is gone
+from this member's replica and resolves it itself once its deadline has passed, through
+the record (whose log decides: a COMMIT already there wins, else the resolver's ABORT).
+:meth:`Coordinator.resolve_stale` is the recovery loop's pass over the shards this member
+leads, so that an intent nobody touches is resolved too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import grpc
+
+from accord.proto import rpc_pb2
+from accord.services.kv import sharding, xcommands, xtxn
+from accord.services.kv.errors import EtcdError
+from accord.services.kv.intents import COMMITTED, Intent
+from accord.services.kv.limits import Limits
+from accord.services.kv.ranges import KeyRange
+from accord.services.kv.statemachine import KVStateMachine
+
+TXN_TIMEOUT_MS = 5_000
+"""An intent's deadline after its prepare: past it, anyone may resolve it."""
+WAIT_TIMEOUT_S = 30.0
+"""How long a request waits for intents in its way before it fails (UNAVAILABLE)."""
+MAX_ATTEMPTS = 64
+"""Prepares a Txn tries (each after an abort: a shard moved past the candidate revision,
+or another Txn held a key) before it fails."""
+
+
+class Participants(Protocol):
+    """What the coordinator needs of the backend it runs in."""
+
+    machines: list[KVStateMachine]
+    shards: int
+
+    async def commit(self, command: bytes, shard: int = 0) -> Any:
+        """Replicate ``command`` on ``shard``; return what applying it returned."""
+
+    def lease_clock(self) -> tuple[int, int]:
+        """``(now_ms, term)``: this member's clock, for deadlines."""
+
+    def leads(self, shard: int) -> bool:
+        """Whether this member leads ``shard`` (the recovery loop resolves only there)."""
+
+
+class Coordinator:
+    """Multi-shard Txns over a backend's shards."""
+
+    def __init__(self, parts: Participants, limits: Limits) -> None:
+        self.parts = parts
+        self.limits = limits
+        self.broken_resolve_first = False
+        """A deliberately broken variant for tests: the participants apply their writes
+        before the record shard's decision, so a coordinator dying in between leaves a
+        partial commit that recovery then aborts on the record. Never set outside tests."""
+        self.stats = {"committed": 0, "aborted": 0, "retries": 0, "resolved": 0}
+
+    def _now(self) -> int:
+        return int(self.parts.lease_clock()[0])
+
+    # --- the coordinator ------------------------------------------------------------------
+    async def txn(self, req: rpc_pb2.TxnRequest, touched: Sequence[int]) -> rpc_pb2.TxnResponse:
+        """Run ``req`` atomically over the shards ``touched`` (two or more)."""
+        shards = sorted(set(touched))
+        record, n = shards[0], self.parts.shards
+        request = req.SerializeToString()
+        machines = self.parts.machines
+        floor = 0
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + WAIT_TIMEOUT_S
+        for attempt in range(MAX_ATTEMPTS):
+            txn_id = random.getrandbits(62) | 1
+            rev = max(max(machines[s].revision for s in shards) + 1, floor)
+            now = self._now()
+            deadline = now + TXN_TIMEOUT_MS
+            answers = await asyncio.gather(
+                *(self.parts.commit(xcommands.encode_prepare(
+                    txn_id, rev, record, s, n, deadline, now, request), s) for s in shards),
+                return_exceptions=True,
+            )
+            failure = next((a for a in answers if isinstance(a, BaseException)), None)
+            prepared = [a for a in answers if isinstance(a, xcommands.Prepared)]
+            if failure is not None or len(prepared) != len(shards) or not all(
+                    a.ok for a in prepared):
+                await self._abort(txn_id, shards)
+                self.stats["retries"] += 1
+                if failure is not None:
+                    raise failure
+                behind = [a.rev for a in prepared if a.reason == "behind"]
+                if behind:
+                    floor = max(behind) + 1 + attempt
+                if any(a.reason == "conflict" for a in prepared):
+                    ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
+                    await asyncio.gather(*(self.wait_free(s, ranges) for s in shards))
+                    await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))
+                if loop.time() > give_up:
+                    break
+                continue
+            path = xtxn.path_of(req, xtxn.combine(req, [a.compares for a in prepared]))
+            checks: dict[int, str] = {}
+            for a in prepared:
+                checks.update(a.checks)
+            err = xtxn.first_error(req, path, checks, rev, max(a.compact_rev for a in prepared))
+            if err is not None:
+                await self._abort(txn_id, shards)
+                raise err
+            others = shards[1:]
+            if self.broken_resolve_first:
+                # The broken variant: the participants' writes land before the decision.
+                await asyncio.gather(*(self.parts.commit(
+                    xcommands.encode_commit(txn_id, path, s, n, now), s) for s in others))
+            first = await self.parts.commit(
+                xcommands.encode_commit(txn_id, path, record, n, now), record)
+            if first.decision is None or first.decision.state != COMMITTED:
+                # A resolver aborted the record first (this member was too slow).
+                await self._abort(txn_id, shards)
+                self.stats["retries"] += 1
+                continue
+            if self.broken_resolve_first:
+                others = []
+            rest = await asyncio.gather(*(self.parts.commit(
+                xcommands.encode_commit(txn_id, path, s, n, now), s) for s in others))
+            parts: dict[int, rpc_pb2.TxnResponse] = {}
+            if first.response is not None:
+                parts[record] = first.response
+            for s, r in zip(others, rest, strict=True):
+                if r.response is not None:
+                    parts[s] = r.response
+            self.stats["committed"] += 1
+            return xtxn.merge(req, path, parts, rev, self.limits,
+                              lambda k: sharding.shard_of(k, n))
+        raise EtcdError(
+            grpc.StatusCode.UNAVAILABLE,
+            "accord: a cross-shard Txn kept meeting other transactions in progress on its "
+            "keys and gave up; retry it",
+        )
+
+    async def _abort(self, txn_id: int, shards: Sequence[int]) -> None:
+        """Abort on the record shard first (the decision), then drop the other intents."""
+        now = self._now()
+        self.stats["aborted"] += 1
+        decision = await self.parts.commit(
+            xcommands.encode_abort(txn_id, True, now), shards[0])
+        if decision.state == COMMITTED:  # cannot happen: only this member commits it
+            raise AssertionError(f"txn {txn_id} committed while its coordinator aborts it")
+        await asyncio.gather(*(self.parts.commit(
+            xcommands.encode_abort(txn_id, False, now), s) for s in shards[1:]))
+
+    # --- meeting an intent ----------------------------------------------------------------
+    async def wait_free(
+        self, shard: int, ranges: Sequence[KeyRange], *, txn_id: int = 0,
+        below: int | None = None, timeout_s: float = WAIT_TIMEOUT_S,
+    ) -> None:
+        """Return once no open intent on ``shard`` (this member's replica) overlaps
+        ``ranges`` (or is ``txn_id``'s), or, with ``below``, none of them reserved a
+        revision at or below it; resolve those past their deadline."""
+        sm = self.parts.machines[shard]
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + timeout_s
+        pause = 0.0005
+        while True:
+            table = sm.intents
+            if not table:
+                return
+            found = [
+                i for i in table.intents.values()
+                if (i.txn_id == txn_id or any(i.overlaps(kr) for kr in ranges))
+                and (below is None or i.rev <= below)
+            ]
+            if not found:
+                return
+            now = self._now()
+            stale = [i for i in found if i.deadline_ms < now]
+            for intent in stale:
+                await self.resolve(shard, intent)
+            if not stale:
+                if loop.time() > give_up:
+                    raise EtcdError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "accord: keys of this request stayed held by a cross-shard "
+                        "transaction in progress; retry",
+                    )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.02)
+
+    async def resolve(self, shard: int, intent: Intent) -> None:
+        """Finish ``intent`` (on ``shard``) as its record decides; a PENDING or missing
+        record is aborted first, so the decision is final either way."""
+        now = self._now()
+        decision = await self.parts.commit(
+            xcommands.encode_abort(intent.txn_id, True, now), intent.record)
+        self.stats["resolved"] += 1
+        if shard == intent.record:
+            return  # the record's own intent went with the decision
+        if decision.state == COMMITTED:
+            await self.parts.commit(xcommands.encode_commit(
+                intent.txn_id, list(decision.path), shard, self.parts.shards, now), shard)
+        else:
+            await self.parts.commit(xcommands.encode_abort(intent.txn_id, False, now), shard)
+
+    async def resolve_stale(self) -> int:
+        """The recovery pass: resolve every intent past its deadline on the shards this
+        member leads; returns how many it resolved."""
+        now = self._now()
+        done = 0
+        for shard, sm in enumerate(self.parts.machines):
+            if not sm.intents or not self.parts.leads(shard):
+                continue
+            for intent in [i for i in sm.intents.intents.values() if i.deadline_ms < now]:
+                await self.resolve(shard, intent)
+                done += 1
+        return done

@@ -1,0 +1,309 @@
+"""The parts of a multi-shard Txn that do not depend on where it runs: pure functions.
+
+A participant answers for its own keys only; the coordinator combines the answers into
+the one answer etcd gives (``docs/txn.md``). The Txn tree is walked in one fixed order
+everywhere: a node's compares, then its success ops, then its failure ops, nested Txns
+depth first. "Node" numbers and "op" numbers below count in that order.
+
+* :func:`partial_compares` (on a participant): for every compare of every node, whether
+  this shard holds a key in its range and whether every such key satisfies it;
+* :func:`combine` and :func:`path_of` (on the coordinator): etcd's compare over all
+  shards (a compare holds when every shard's part does; a missing key compares as etcd's
+  missing key) and the branch path ``txn.path`` would give on one store;
+* :func:`put_checks` (on a participant) and :func:`first_error` (on the coordinator):
+  etcd's ``checkRequests`` along the taken path, puts first, then ranges;
+* :func:`run_share` (on a participant, at commit) and :func:`merge` (on the coordinator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+from accord.proto import rpc_pb2
+from accord.services.kv import errors, fanout, txn
+from accord.services.kv.errors import EtcdError
+from accord.services.kv.limits import Limits
+from accord.services.kv.mvcc import MVCCStore, WriteTxn
+from accord.services.kv.ops import Executor
+from accord.services.kv.ranges import KeyRange
+
+Compare = rpc_pb2.Compare
+
+
+def nodes(req: rpc_pb2.TxnRequest) -> Iterator[rpc_pb2.TxnRequest]:
+    """Every Txn node of the tree (``req`` first), in the fixed order."""
+    yield req
+    for op in (*req.success, *req.failure):
+        if op.WhichOneof("request") == "request_txn":
+            yield from nodes(op.request_txn)
+
+
+def ops(req: rpc_pb2.TxnRequest) -> Iterator[rpc_pb2.RequestOp]:
+    """Every non-Txn op of the tree, in the fixed order (the op numbers)."""
+    for op in (*req.success, *req.failure):
+        if op.WhichOneof("request") == "request_txn":
+            yield from ops(op.request_txn)
+        else:
+            yield op
+
+
+def partial_compares(
+    store: MVCCStore, req: rpc_pb2.TxnRequest, rev: int
+) -> list[list[tuple[bool, bool]]]:
+    """Per node, per compare: ``(found a key here, every key found here satisfies it)``."""
+    out = []
+    for node in nodes(req):
+        row = []
+        for cmp in node.compare:
+            found, ok = False, True
+            for _key, rec in store.scan(KeyRange.of(cmp.key, cmp.range_end), rev):
+                found = True
+                if not txn._compare_one(cmp, rec):
+                    ok = False
+                    break
+            row.append((found, ok))
+        out.append(row)
+    return out
+
+
+def combine(
+    req: rpc_pb2.TxnRequest, parts: Sequence[Sequence[Sequence[tuple[bool, bool]]]]
+) -> list[bool]:
+    """Per node: whether all its compares hold, from every participant's
+    :func:`partial_compares` (etcd's rule for a compare over keys none holds)."""
+    out = []
+    for n, node in enumerate(nodes(req)):
+        holds = True
+        for c, cmp in enumerate(node.compare):
+            found = any(p[n][c][0] for p in parts)
+            ok = all(p[n][c][1] for p in parts)
+            if found:
+                result = ok
+            elif cmp.target == Compare.VALUE:
+                result = False
+            else:
+                result = txn._compare_one(cmp, None)
+            if not result:
+                holds = False
+                break
+        out.append(holds)
+    return out
+
+
+def _count_nodes(req: rpc_pb2.TxnRequest) -> int:
+    return sum(1 for _ in nodes(req))
+
+
+def _count_ops(req: rpc_pb2.TxnRequest) -> int:
+    return sum(1 for _ in ops(req))
+
+
+def path_of(req: rpc_pb2.TxnRequest, holds: Sequence[bool]) -> list[bool]:
+    """The branch path (``txn.path``'s answer) from :func:`combine`'s per-node results."""
+    out: list[bool] = []
+    _path(req, holds, 0, out)
+    return out
+
+
+def _path(req: rpc_pb2.TxnRequest, holds: Sequence[bool], n: int, out: list[bool]) -> int:
+    ok = holds[n]
+    out.append(ok)
+    n += 1
+    for branch, taken in ((req.success, ok), (req.failure, not ok)):
+        for op in branch:
+            if op.WhichOneof("request") != "request_txn":
+                continue
+            if taken:
+                n = _path(op.request_txn, holds, n, out)
+            else:
+                n += _count_nodes(op.request_txn)
+    return n
+
+
+def taken_ops(req: rpc_pb2.TxnRequest, path: Sequence[bool]) -> list[tuple[int, rpc_pb2.RequestOp]]:
+    """``(op number, op)`` of the ops the path runs, in execution order."""
+    out: list[tuple[int, rpc_pb2.RequestOp]] = []
+    _taken(req, path, [0], 0, out)
+    return out
+
+
+def _taken(
+    req: rpc_pb2.TxnRequest, path: Sequence[bool], p: list[int], o: int,
+    out: list[tuple[int, rpc_pb2.RequestOp]],
+) -> int:
+    ok = path[p[0]]
+    p[0] += 1
+    for branch, taken in ((req.success, ok), (req.failure, not ok)):
+        for op in branch:
+            nested = op.WhichOneof("request") == "request_txn"
+            if not taken:
+                o += _count_ops(op.request_txn) if nested else 1
+            elif nested:
+                o = _taken(op.request_txn, path, p, o, out)
+            else:
+                out.append((o, op))
+                o += 1
+    return o
+
+
+def put_checks(
+    ex: Executor, req: rpc_pb2.TxnRequest, owns: Callable[[bytes], bool]
+) -> dict[int, str]:
+    """etcd's state checks of every put this shard holds: ``{op number: error message}``."""
+    out: dict[int, str] = {}
+    for o, op in enumerate(ops(req)):
+        if op.WhichOneof("request") != "request_put":
+            continue
+        p = op.request_put
+        if not owns(p.key):
+            continue
+        try:
+            ex.check_put_values(p.key, p.lease, p.ignore_value or p.ignore_lease, in_txn=True)
+        except EtcdError as e:
+            out[o] = e.message
+    return out
+
+
+_BY_MESSAGE = {e.message: e for e in (errors.KEY_NOT_FOUND, errors.LEASE_NOT_FOUND)}
+
+
+def first_error(
+    req: rpc_pb2.TxnRequest, path: Sequence[bool], checks: dict[int, str], rev: int,
+    compact_rev: int,
+) -> EtcdError | None:
+    """The error etcd's ``checkRequests`` raises along ``path`` (every put's state, then
+    every range's revision), given the participants' :func:`put_checks`, the revision the
+    Txn commits at and the highest compaction among them; None if there is none."""
+    taken = taken_ops(req, path)
+    for o, op in taken:
+        if op.WhichOneof("request") == "request_put" and o in checks:
+            return _BY_MESSAGE.get(checks[o], errors.bad_request(checks[o]))
+    for _o, op in taken:
+        if op.WhichOneof("request") == "request_range":
+            r = op.request_range.revision
+            if r >= rev:
+                return errors.FUTURE_REV
+            if r != 0 and r < compact_rev:
+                return errors.COMPACTED
+    return None
+
+
+def run_share(
+    ex: Executor, wt: WriteTxn, req: rpc_pb2.TxnRequest, path: Sequence[bool],
+    owns: Callable[[bytes], bool],
+) -> rpc_pb2.TxnResponse:
+    """This shard's share of the taken path, written in ``wt`` (at the Txn's revision):
+    the puts of keys it holds, its part of every range and delete. A range too large
+    answers empty here (the decision is made; a participant cannot refuse any more)."""
+    resp = rpc_pb2.TxnResponse()
+    _run(ex, wt, req, path, [0], owns, resp)
+    resp.header.revision = wt.rev
+    return resp
+
+
+def _run(
+    ex: Executor, wt: WriteTxn, req: rpc_pb2.TxnRequest, path: Sequence[bool], p: list[int],
+    owns: Callable[[bytes], bool], resp: rpc_pb2.TxnResponse,
+) -> None:
+    ok = path[p[0]]
+    p[0] += 1
+    resp.succeeded = ok
+    for op in req.success if ok else req.failure:
+        which = op.WhichOneof("request")
+        out = resp.responses.add()
+        if which == "request_range":
+            try:
+                out.response_range.CopyFrom(ex.range(op.request_range, wt.rev))
+            except EtcdError:
+                out.response_range.SetInParent()
+        elif which == "request_put":
+            if owns(op.request_put.key):
+                out.response_put.CopyFrom(ex.put(wt, op.request_put))
+            else:
+                out.response_put.SetInParent()
+        elif which == "request_delete_range":
+            out.response_delete_range.CopyFrom(ex.delete_range(wt, op.request_delete_range))
+        elif which == "request_txn":
+            out.response_txn.header.SetInParent()
+            _run(ex, wt, op.request_txn, path, p, owns, out.response_txn)
+
+
+def merge(
+    req: rpc_pb2.TxnRequest, path: Sequence[bool], parts: dict[int, rpc_pb2.TxnResponse],
+    rev: int, limits: Limits, shard_of: Callable[[bytes], int],
+) -> rpc_pb2.TxnResponse:
+    """One TxnResponse at ``rev`` from every participant's :func:`run_share` answer."""
+    resp = rpc_pb2.TxnResponse()
+    _merge(req, path, [0], parts, rev, limits, shard_of, resp)
+    resp.header.revision = rev
+    return resp
+
+
+def _merge(
+    req: rpc_pb2.TxnRequest, path: Sequence[bool], p: list[int],
+    parts: dict[int, rpc_pb2.TxnResponse], rev: int, limits: Limits,
+    shard_of: Callable[[bytes], int], resp: rpc_pb2.TxnResponse,
+) -> None:
+    ok = path[p[0]]
+    p[0] += 1
+    resp.succeeded = ok
+    for i, op in enumerate(req.success if ok else req.failure):
+        which = op.WhichOneof("request")
+        out = resp.responses.add()
+        mine = {s: part.responses[i] for s, part in parts.items()}
+        if which == "request_range":
+            rr = fanout.merge_ranges(
+                op.request_range, [m.response_range for m in mine.values()], rev, limits)
+            out.response_range.CopyFrom(rr)
+        elif which == "request_put":
+            owner = mine.get(shard_of(op.request_put.key))
+            if owner is not None:
+                out.response_put.CopyFrom(owner.response_put)
+            out.response_put.header.revision = rev
+        elif which == "request_delete_range":
+            dr = fanout.merge_deletes([m.response_delete_range for m in mine.values()])
+            dr.header.revision = rev
+            out.response_delete_range.CopyFrom(dr)
+        elif which == "request_txn":
+            out.response_txn.header.revision = rev
+            _merge(op.request_txn, path, p,
+                   {s: m.response_txn for s, m in mine.items()}, rev, limits, shard_of,
+                   out.response_txn)
+
+
+def all_ranges(req: rpc_pb2.TxnRequest) -> list[tuple[bytes, bytes]]:
+    """``(key, range_end)`` of every compare and op of the tree (all branches)."""
+    pairs: list[tuple[bytes, bytes]] = []
+    for node in nodes(req):
+        pairs.extend((c.key, c.range_end) for c in node.compare)
+        for op in (*node.success, *node.failure):
+            which = op.WhichOneof("request")
+            if which == "request_range":
+                pairs.append((op.request_range.key, op.request_range.range_end))
+            elif which == "request_put":
+                pairs.append((op.request_put.key, b""))
+            elif which == "request_delete_range":
+                pairs.append((op.request_delete_range.key, op.request_delete_range.range_end))
+    return pairs
+
+
+def intent_ranges(
+    req: rpc_pb2.TxnRequest, shard: int, shards: int, shards_of_range: Callable[..., list[int]]
+) -> tuple[KeyRange, ...]:
+    """Every key range of the Txn (all branches) that ``shard`` may hold."""
+    out: list[KeyRange] = []
+    for key, end in all_ranges(req):
+        if shard in shards_of_range(key, end, shards):
+            kr = KeyRange.of(key, end)
+            if kr not in out:
+                out.append(kr)
+    return tuple(out)
+
+
+def put_leases(req: rpc_pb2.TxnRequest, owns: Callable[[bytes], bool]) -> frozenset[int]:
+    """The leases the Txn's puts on this shard use (all branches)."""
+    return frozenset(
+        op.request_put.lease for op in ops(req)
+        if op.WhichOneof("request") == "request_put" and op.request_put.lease
+        and owns(op.request_put.key)
+    )

@@ -1,0 +1,343 @@
+"""Multi-shard Txns in process (no Raft): atomic, at one revision, recoverable.
+
+The backend applies each command straight to its shard's state machine. A random Txn
+workload over keys on different shards gives the answers one unsharded store gives
+(revisions renumbered); writes and reads that meet an intent wait for it; and a
+coordinator "killed" after each step of the protocol (its next proposal never made)
+leaves no partial commit once the recovery pass has run, while the deliberately broken
+variant (participants written before the decision) is caught by the same check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accord.proto import rpc_pb2 as pb
+from accord.services.kv import sharding, xcommands
+from accord.services.kv.backend import HeaderInfo, StateMachineBackend
+from accord.services.kv.intents import ABORTED
+from accord.services.kv.statemachine import KVStateMachine
+from accord.services.kv.xcoord import TXN_TIMEOUT_MS
+from tests.kv.helpers import cmp, op_del, op_get, op_put, op_txn
+
+SHARDS = 4
+
+
+class Shards(StateMachineBackend):
+    """Commands applied at once to their shard; a fake clock; ``stall_after``: the
+    coordinator's n-th format-3 proposal (and every later one) never happens."""
+
+    def __init__(self, shards: int = SHARDS) -> None:
+        super().__init__([KVStateMachine(lease_id_seed=i + 2) for i in range(shards)])
+        self.clock = 1_000_000
+        self.stall_after: int | None = None
+        self.x_sent = 0
+
+    async def commit(self, command: bytes, shard: int = 0) -> Any:
+        if len(command) > 1 and command[1] == xcommands.XFORMAT:
+            self.x_sent += 1
+            if self.stall_after is not None and self.x_sent > self.stall_after:
+                await asyncio.Event().wait()  # the coordinator died before proposing it
+        await asyncio.sleep(0)
+        return self.machines[shard].apply(command)
+
+    async def read_barrier(self, shard: int = 0) -> None:
+        await asyncio.sleep(0)
+
+    def lease_clock(self) -> tuple[int, int]:
+        return self.clock, 0
+
+    def header_info(self) -> HeaderInfo:
+        return HeaderInfo(1, 1, 1, 1)
+
+
+def spread_keys(n: int, shards: int = SHARDS) -> list[bytes]:
+    """``n`` plain keys, at least one on every shard."""
+    out: list[bytes] = []
+    seen: set[int] = set()
+    i = 0
+    while len(out) < n or len(seen) < shards:
+        k = f"k{i}".encode()
+        s = sharding.shard_of(k, shards)
+        if len(out) < n or s not in seen:
+            out.append(k)
+            seen.add(s)
+        i += 1
+    return sorted(out)
+
+
+KEYS = spread_keys(6)
+
+
+def normalized(msg: Any) -> Any:
+    """A response as a dict with every revision field dropped (the numbering differs
+    between one store and several shards; the order and the contents must not)."""
+    from google.protobuf.json_format import MessageToDict
+
+    def strip(d: Any) -> Any:
+        if isinstance(d, dict):
+            return {k: strip(v) for k, v in d.items()
+                    if k not in ("header", "modRevision", "createRevision")}
+        if isinstance(d, list):
+            return [strip(x) for x in d]
+        return d
+
+    return strip(MessageToDict(msg))
+
+
+def state(read: Any) -> dict[bytes, tuple[bytes, int]]:
+    return {kv.key: (kv.value, kv.version) for kv in read.kvs}
+
+
+# --- a random workload against one unsharded store -------------------------------------------
+keys_st = st.sampled_from(KEYS)
+values = st.sampled_from([b"a", b"b", b"c"])
+compares = st.one_of(
+    st.builds(lambda k, v, r: cmp(k, "VALUE", r, v), keys_st, values,
+              st.sampled_from(["EQUAL", "NOT_EQUAL", "GREATER", "LESS"])),
+    st.builds(lambda k, v, r: cmp(k, "VERSION", r, v), keys_st, st.integers(0, 3),
+              st.sampled_from(["EQUAL", "GREATER", "LESS"])),
+    st.builds(lambda v: cmp(b"k", "VERSION", "GREATER", v, b"l"), st.integers(0, 1)),
+)
+plain_ops = st.one_of(
+    st.builds(lambda k, v, p: op_put(k, v, prev_kv=p), keys_st, values, st.booleans()),
+    st.builds(lambda k, p: op_del(k, prev_kv=p), keys_st, st.booleans()),
+    st.builds(lambda p: op_del(b"k", b"l", prev_kv=p), st.booleans()),
+    st.builds(op_get, keys_st),
+    st.builds(lambda lim: op_get(b"k", b"l", limit=lim), st.integers(0, 3)),
+)
+ops = st.one_of(
+    plain_ops,
+    st.builds(lambda c, s, f: op_txn(c, s, f), st.lists(compares, max_size=2),
+              st.lists(plain_ops, max_size=2), st.lists(plain_ops, max_size=2)),
+)
+txns = st.builds(
+    lambda c, s, f: pb.TxnRequest(compare=c, success=s, failure=f),
+    st.lists(compares, max_size=3), st.lists(ops, max_size=4), st.lists(ops, max_size=3),
+)
+
+
+def _unique_puts(req: pb.TxnRequest) -> bool:
+    """etcd refuses a Txn that puts one key twice in a branch; keep such out."""
+    try:
+        KVStateMachine().validate_txn(req)
+    except Exception:
+        return False
+    return True
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(txns.filter(_unique_puts), min_size=1, max_size=8))
+async def test_random_multi_shard_txns_answer_as_one_store(reqs: list[pb.TxnRequest]) -> None:
+    one = KVStateMachine()
+    many = Shards()
+    last = 1
+    for req in reqs:
+        want = one.apply(KVStateMachine.encode_txn(req)) if not one.is_read_only_txn(req) \
+            else one.read_txn(req)
+        got = await many.txn(req)
+        assert normalized(got) == normalized(want), req
+        if not many.sm.is_read_only_txn(req) and len(sharding.shards_of_txn(req, SHARDS)) > 1:
+            assert got.header.revision > last
+        last = max(last, got.header.revision)
+        everything = pb.RangeRequest(key=b"\x00", range_end=b"\x00")
+        assert state(await many.range(everything)) == state(one.range(everything))
+    assert all(not m.intents for m in many.machines)
+
+
+async def test_a_multi_shard_txn_writes_every_key_at_one_revision() -> None:
+    b = Shards()
+    k1, k2 = KEYS[0], next(k for k in KEYS if b.shard_of(k) != b.shard_of(KEYS[0]))
+    for _ in range(5):
+        await b.put(pb.PutRequest(key=k1, value=b"x"))  # k1's shard runs ahead
+    resp = await b.txn(pb.TxnRequest(
+        compare=[cmp(k1, "VALUE", "EQUAL", b"x"), cmp(k2, "VERSION", "EQUAL", 0)],
+        success=[op_put(k1, b"1"), op_put(k2, b"2")]))
+    assert resp.succeeded
+    rev = resp.header.revision
+    for k in (k1, k2):
+        (kv,) = (await b.range(pb.RangeRequest(key=k))).kvs
+        assert kv.mod_revision == rev
+    later = await b.put(pb.PutRequest(key=k2, value=b"3"))
+    assert later.header.revision > rev
+
+
+async def test_a_write_and_a_read_that_meet_an_intent_wait_for_the_decision() -> None:
+    b = Shards()
+    k1, k2 = KEYS[0], next(k for k in KEYS if b.shard_of(k) != b.shard_of(KEYS[0]))
+    gate = asyncio.Event()
+    real = b.commit
+
+    async def slow_commit(command: bytes, shard: int = 0) -> Any:
+        if command[1:2] == bytes([xcommands.XFORMAT]) and xcommands.decode(command)[0] == \
+                xcommands.XKind.COMMIT:
+            await gate.wait()
+        return await real(command, shard)
+
+    b.commit = slow_commit  # type: ignore[method-assign]
+    t = asyncio.create_task(b.txn(pb.TxnRequest(success=[op_put(k1, b"1"), op_put(k2, b"2")])))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert b.machines[b.shard_of(k1)].intents, "prepared: intents are open"
+    put = asyncio.create_task(b.put(pb.PutRequest(key=k1, value=b"after")))
+    read = asyncio.create_task(b.range(pb.RangeRequest(key=k2)))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert not put.done() and not read.done(), "they wait for the intent"
+    gate.set()
+    resp = await t
+    r = await read
+    assert [kv.value for kv in r.kvs] == [b"2"], "the read saw the committed Txn"
+    p = await put
+    assert p.header.revision > resp.header.revision
+    (kv,) = (await b.range(pb.RangeRequest(key=k1))).kvs
+    assert kv.value == b"after" and kv.version == 2
+
+
+async def test_a_watch_on_a_shard_gets_revisions_in_order_around_a_retro_commit() -> None:
+    b = Shards()
+    k1 = KEYS[0]
+    k2 = next(k for k in KEYS if b.shard_of(k) != b.shard_of(k1))
+    other = next(k for k in spread_keys(40) if b.shard_of(k) == b.shard_of(k1) and k != k1)
+    sm = b.machines[b.shard_of(k1)]
+    w = sm.watch_hub.watch(b"\x00", b"\x00")
+    gate = asyncio.Event()
+    real = b.commit
+
+    async def slow_commit(command: bytes, shard: int = 0) -> Any:
+        if command[1:2] == bytes([xcommands.XFORMAT]) and xcommands.decode(command)[0] == \
+                xcommands.XKind.COMMIT:
+            await gate.wait()
+        return await real(command, shard)
+
+    b.commit = slow_commit  # type: ignore[method-assign]
+    t = asyncio.create_task(b.txn(pb.TxnRequest(success=[op_put(k1, b"1"), op_put(k2, b"2")])))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    await b.put(pb.PutRequest(key=other, value=b"later"))  # above the reserved revision
+    assert w.poll() is None, "held back below the open intent"
+    gate.set()
+    resp = await t
+    revs = []
+    while (batch := w.poll()) is not None:
+        revs.extend(ev.kv.mod_revision for ev in batch.events)
+    assert revs == sorted(revs) and revs[0] == resp.header.revision and len(revs) == 2
+
+
+async def test_open_intents_and_records_survive_a_snapshot() -> None:
+    b = Shards()
+    k1, k2 = KEYS[0], next(k for k in KEYS if b.shard_of(k) != b.shard_of(KEYS[0]))
+    b.stall_after = 2  # both prepares, then the coordinator dies
+    t = asyncio.create_task(b.txn(pb.TxnRequest(success=[op_put(k1), op_put(k2)])))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    t.cancel()
+    for m in b.machines:
+        copy = KVStateMachine()
+        copy.restore(m.snapshot())
+        assert copy.intents.dump() == m.intents.dump()
+        assert copy.snapshot() == m.snapshot()
+
+
+# --- the coordinator dies between any two steps -----------------------------------------------
+def _txn(keys: list[bytes], value: bytes) -> pb.TxnRequest:
+    return pb.TxnRequest(compare=[cmp(keys[0], "VERSION", "GREATER", -1)],
+                         success=[op_put(k, value) for k in keys])
+
+
+async def _crash_and_recover(stall_after: int, broken: bool) -> tuple[set[bytes], Shards]:
+    b = Shards()
+    keys = [k for k in spread_keys(12) if b.shard_of(k) in (0, 1, 2)][:3]
+    assert len({b.shard_of(k) for k in keys}) >= 2
+    for k in keys:
+        await b.put(pb.PutRequest(key=k, value=b"old"))
+    b.xcoord.broken_resolve_first = broken
+    b.stall_after = stall_after
+    t = asyncio.create_task(b.txn(_txn(keys, b"new")))
+    for _ in range(100):
+        await asyncio.sleep(0)
+    finished = t.done()
+    t.cancel()
+    b.stall_after = None
+    b.clock += TXN_TIMEOUT_MS + 1  # the dead coordinator's deadline has passed
+    await b.resolve_stale_intents()
+    assert all(not m.intents for m in b.machines), "every intent is resolved"
+    values = set()
+    for k in keys:
+        (kv,) = (await b.range(pb.RangeRequest(key=k))).kvs
+        values.add(kv.value)
+    if finished:
+        assert values == {b"new"}
+    return values, b
+
+
+@pytest.mark.parametrize("stall_after", range(0, 8))
+async def test_a_coordinator_dying_after_any_step_leaves_all_or_nothing(stall_after: int) -> None:
+    values, b = await _crash_and_recover(stall_after, broken=False)
+    assert len(values) == 1, f"partial commit after {stall_after} steps: {values}"
+    # and the keys are free: a new Txn over them commits
+    keys = [k for k in spread_keys(12) if b.shard_of(k) in (0, 1, 2)][:3]
+    assert (await b.txn(_txn(keys, b"again"))).succeeded
+
+
+async def test_the_broken_variant_that_resolves_before_the_decision_is_caught() -> None:
+    partial = []
+    for stall_after in range(0, 8):
+        values, _b = await _crash_and_recover(stall_after, broken=True)
+        if len(values) > 1:
+            partial.append(stall_after)
+    assert partial, "writing participants before the decision must show a partial commit"
+
+
+async def test_a_late_prepare_after_recovery_aborted_the_record_is_refused() -> None:
+    b = Shards()
+    k1, k2 = KEYS[0], next(k for k in KEYS if b.shard_of(k) != b.shard_of(KEYS[0]))
+    record = min(b.shard_of(k1), b.shard_of(k2))
+    sm = b.machines[record]
+    txn_id = 77
+    assert sm.apply(xcommands.encode_abort(txn_id, True, b.clock)).state == ABORTED
+    req = pb.TxnRequest(success=[op_put(k1), op_put(k2)]).SerializeToString()
+    late = sm.apply(xcommands.encode_prepare(txn_id, sm.revision + 1, record, record, SHARDS,
+                                             b.clock + 5000, b.clock, req))
+    assert not late.ok and late.reason == "decided" and not sm.intents
+
+
+async def test_concurrent_transfers_keep_the_total() -> None:
+    """A small bank: accounts on different shards, transfers by compare-and-swap Txns
+    from many tasks at once; every read of all accounts sums to the total."""
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    b = Shards()
+    accounts = [k for k in spread_keys(8)][:6]
+    for k in accounts:
+        await b.put(pb.PutRequest(key=k, value=b"100"))
+    total = 100 * len(accounts)
+
+    async def transfer() -> None:
+        for _ in range(10):
+            src, dst = rnd.sample(accounts, 2)
+            got = await b.range(pb.RangeRequest(key=b"k", range_end=b"l"))
+            byk = {kv.key: kv for kv in got.kvs}
+            amount = rnd.randint(1, 10)
+            s, d = byk[src], byk[dst]
+            await b.txn(pb.TxnRequest(
+                compare=[cmp(src, "MOD", "EQUAL", s.mod_revision),
+                         cmp(dst, "MOD", "EQUAL", d.mod_revision)],
+                success=[op_put(src, str(int(s.value) - amount).encode()),
+                         op_put(dst, str(int(d.value) + amount).encode())]))
+
+    async def audit() -> None:
+        for _ in range(30):
+            got = await b.range(pb.RangeRequest(key=b"k", range_end=b"l"))
+            assert sum(int(kv.value) for kv in got.kvs if kv.key in accounts) == total
+            await asyncio.sleep(0)
+
+    await asyncio.gather(*(transfer() for _ in range(4)), audit())
+    assert all(not m.intents for m in b.machines)
