@@ -36,6 +36,7 @@ from accord.services.kv.backend import (
 )
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
+from accord.services.kv.xcommands import XTXN_GATE
 
 if TYPE_CHECKING:
     from accord.node.parts import NodeParts
@@ -111,6 +112,11 @@ class ReplicatedBackend(StateMachineBackend):
         """Format-2 commands only once every member advertised it applies them (an older
         member would refuse them and stop applying its log): the cluster-version gate."""
         return self.node.cluster.min_command_format() >= COMPACT_FORMAT
+
+    @property
+    def multi_shard_txns(self) -> bool:
+        """Whether every member applies the multi-shard Txn's commands (the gate)."""
+        return self.node.cluster.min_command_format() >= XTXN_GATE
 
     async def commit(self, command: bytes, shard: int = 0) -> Any:
         """Replicate ``command`` on ``shard``; the answer is what its apply returned."""

@@ -79,6 +79,7 @@ from accord.services.cluster.members import ClusterStateMachine, MemberRecord, S
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
+from accord.services.kv.xcommands import XTXN_GATE
 from accord.services.scheduling.replicated import SCHEDULING_GROUP, SchedulerShard
 from accord.services.scheduling.servicer import add_scheduler_service
 
@@ -306,8 +307,8 @@ class Node:
         check()
         rose.clear()
         self.cluster.listeners.append(check)
-        cmd = ClusterStateMachine.encode_advertise(self.member_id,
-                                                   max(COMPACT_FORMAT, AUTH_FORMAT))
+        cmd = ClusterStateMachine.encode_advertise(
+            self.member_id, max(COMPACT_FORMAT, AUTH_FORMAT, XTXN_GATE))
         while True:
             try:
                 await self.host.propose(META_GROUP, cmd, timeout=2.0)

@@ -20,7 +20,7 @@ import pytest
 from tests.compat.servers import Server, accord_server, etcd_server
 
 SCRIPT = Path(__file__).resolve().with_name("aetcd_roundtrip.py")
-SCENARIOS = ["kv", "txn", "lease", "lease_expiry", "watch", "status", "compaction"]
+SCENARIOS = ["kv", "txn", "nested_txn", "lease", "lease_expiry", "watch", "status", "compaction"]
 
 
 @pytest.fixture(scope="module", params=["accord", "etcd"])

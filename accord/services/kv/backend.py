@@ -366,6 +366,19 @@ class StateMachineBackend(ABC):
         send them; a replicated backend says so once every member advertised it."""
         return True
 
+    @property
+    def multi_shard_txns(self) -> bool:
+        """Whether a Txn over several shards may run (a replicated backend: once every
+        member applies its commands); else it is refused naming the shards."""
+        return True
+
+    async def _multi_shard_txn(
+        self, req: rpc_pb2.TxnRequest, touched: dict[int, bytes]
+    ) -> rpc_pb2.TxnResponse:
+        if not self.multi_shard_txns:
+            raise sharding.txn_spans_shards(touched)
+        return await self.xcoord.txn(req, list(touched))
+
     async def put(self, req: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
         """Validate, encode and commit a Put on its key's shard."""
         self._check_space()
@@ -406,7 +419,7 @@ class StateMachineBackend(ABC):
             if len(touched) > 1:
                 if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
                     self._check_space()
-                return await self.xcoord.txn(req, list(touched))
+                return await self._multi_shard_txn(req, touched)
             shard = next(iter(touched), 0)
         sm = self.machines[shard]
         if sm.is_read_only_txn(req):
@@ -436,8 +449,8 @@ class StateMachineBackend(ABC):
             found = _shard_of_keys(items[0::3], self.shards)
             if found is None:
                 self._check_space()
-                return await self.xcoord.txn(
-                    req, list(sharding.shards_of_txn(req, self.shards)))
+                return await self._multi_shard_txn(
+                    req, sharding.shards_of_txn(req, self.shards))
             shard = found
         self._check_space()
         command = self.sm.encode_puts(items, size)

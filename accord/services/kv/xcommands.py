@@ -24,6 +24,10 @@ from accord.proto import rpc_pb2
 from accord.services.kv import errors
 
 XFORMAT = 3
+XTXN_GATE = 4
+"""The command format a member advertises (the cluster-version gate,
+``ClusterStateMachine.min_command_format``) once it applies format-3 commands; a Txn over
+several shards is refused, as before, until every member does."""
 
 
 class XKind(IntEnum):
