@@ -80,6 +80,7 @@ from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
 from accord.services.kv.xcommands import XTXN_GATE
+from accord.services.kv.xcoord import FAILPOINT_ENV
 from accord.services.scheduling.replicated import SCHEDULING_GROUP, SchedulerShard
 from accord.services.scheduling.servicer import add_scheduler_service
 
@@ -202,6 +203,7 @@ class Node:
         await self.transport.start()
         await self.host.start()
         self.backend = ReplicatedBackend(self, self.machines)
+        self.backend.xcoord.set_failpoint(os.environ.get(FAILPOINT_ENV, ""))
         calls = GrpcMetricsInterceptor()
         self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes),
                                  outer_interceptors=[calls],

@@ -34,6 +34,13 @@ WAIT_TIMEOUT_S = 30.0
 MAX_ATTEMPTS = 64
 """Prepares a Txn tries (each after an abort: a shard moved past the candidate revision,
 or another Txn held a key) before it fails."""
+FAILPOINT_ENV = "ACCORD_FAILPOINT_XTXN"
+"""Environment variable of the coordinator failpoint (tests only, like etcd's gofail):
+``after-prepare`` or ``after-decision``; read by ``accord serve`` at start."""
+FAILPOINT_PREFIX = b"/failpoint/"
+"""Only a Txn with a key under this prefix stops at the failpoint, so a cluster started
+with it serves every other Txn normally."""
+FAILPOINT_STEPS = ("after-prepare", "after-decision")
 
 
 class Participants(Protocol):
@@ -63,6 +70,21 @@ class Coordinator:
         before the record shard's decision, so a coordinator dying in between leaves a
         partial commit that recovery then aborts on the record. Never set outside tests."""
         self.stats = {"committed": 0, "aborted": 0, "retries": 0, "resolved": 0}
+        self.failpoint = ""
+        """One of :data:`FAILPOINT_STEPS` (or empty): a Txn with a key under
+        :data:`FAILPOINT_PREFIX` stops there for good, as if its coordinator had died
+        (the test then kills it -9 and checks the recovery)."""
+
+    def set_failpoint(self, step: str) -> None:
+        """Arm the failpoint (tests only); an unknown step is refused."""
+        if step not in ("", *FAILPOINT_STEPS):
+            raise ValueError(f"{FAILPOINT_ENV} must be one of {FAILPOINT_STEPS}, not {step!r}")
+        self.failpoint = step
+
+    async def _stop_at(self, step: str, req: rpc_pb2.TxnRequest) -> None:
+        if self.failpoint == step and any(
+                k.startswith(FAILPOINT_PREFIX) for k, _e in xtxn.all_ranges(req)):
+            await asyncio.Event().wait()
 
     def _now(self) -> int:
         return int(self.parts.lease_clock()[0])
@@ -105,6 +127,7 @@ class Coordinator:
                 if loop.time() > give_up:
                     break
                 continue
+            await self._stop_at("after-prepare", req)
             path = xtxn.path_of(req, xtxn.combine(req, [a.compares for a in prepared]))
             checks: dict[int, str] = {}
             for a in prepared:
@@ -125,6 +148,7 @@ class Coordinator:
                 await self._abort(txn_id, shards)
                 self.stats["retries"] += 1
                 continue
+            await self._stop_at("after-decision", req)
             if self.broken_resolve_first:
                 others = []
             rest = await asyncio.gather(*(self.parts.commit(
