@@ -501,8 +501,8 @@ class KVStateMachine:
             x.expire_records(now_ms)
             if txn_id in x.records:
                 return xcommands.Prepared(False, "decided", store.rev)
-        if txn_id in x.intents:
-            return xcommands.Prepared(True, "again", store.rev)
+        if txn_id in x.intents:  # a second prepare of one Txn: refused, nothing changes
+            return xcommands.Prepared(False, "again", store.rev)
         if store.rev >= rev:
             return xcommands.Prepared(False, "behind", store.rev)
         ranges = xtxn.intent_ranges(req, shard, shards, sharding.shards_of_range)
