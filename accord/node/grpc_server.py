@@ -23,6 +23,8 @@ Transport choices (see ETCD_COMPAT.md, "Transport conventions"):
 * metadata: ``hasleader: true`` makes any call fail with ``Unavailable "etcdserver: no
   leader"`` while this member knows no leader (etcd's ``WithRequireLeader``);
   ``client-api-version`` is counted per version (:attr:`AccordGrpcServer.client_api_versions`).
+* handlers: every service's methods are looked up in one :class:`MethodTable`, never
+  registered with grpc.aio one by one (that costs every call ~90 us, see the class).
 """
 
 from __future__ import annotations
@@ -106,9 +108,9 @@ class MethodTable(grpc.GenericRpcHandler):  # type: ignore[misc]
     The generated ``add_*Servicer_to_server`` functions give each service to the server
     twice: as a generic handler and as *registered* methods. ``grpc.aio`` keeps one
     request task per registered method and, for every call that arrives, waits on all
-    of them (``asyncio.wait`` over ~90 tasks on a node serving every accord service):
-    measured at 110 us of CPU per call, a fifth of the whole front end
-    (``bench/README.md``, "Sixth session"). :func:`generic_only` routes the registered
+    of them (``asyncio.wait`` over 78 tasks on a node serving every accord service):
+    83-110 us of CPU per call, 15-19% of the whole front end (``bench/frontend.py``;
+    ``bench/README.md``, "the registered-method tax"). :func:`generic_only` routes the registered
     methods here instead, so the server keeps one request task and a call's handler is
     one dict lookup (this table is the server's first generic handler)."""
 
