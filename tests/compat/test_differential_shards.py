@@ -2,7 +2,8 @@
 3-member accord with ``--shards 8``, answers compared.
 
 Every example's keys (``/dN/<name>``) are each a partition of their own, so a Txn over
-two or more of them spans shards, and a range over ``/dN/`` covers every shard. Both
+two or more of them spans shards, and a range (or a DeleteRange) over ``/dN/`` covers
+every shard. Both
 servers get the same requests in the same order. What is compared: every answer's
 contents (succeeded, values, versions, counts, ``more``, prev_kvs, error codes and
 messages), with the revision numbers left out: accord's numbering is not etcd's (a
@@ -81,7 +82,8 @@ op_st = st.one_of(
 txn_st = st.tuples(st.just("txn"), st.lists(compare_st, max_size=3),
                    st.lists(op_st, max_size=4), st.lists(op_st, max_size=3))
 steps = st.one_of(txn_st, txn_st, st.tuples(st.just("put"), names, st.sampled_from(VALUES),
-                                            st.booleans()))
+                                            st.booleans()),
+                  st.tuples(st.just("delrange"), st.booleans()))
 
 
 def _compare(s: Sides, side: str, c: tuple[Any, ...], mods: dict[str, dict[bytes, int]]
@@ -157,6 +159,9 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
         if step[0] == "put":
             req: Any = pb.PutRequest(key=s.key(step[1]), value=step[2], prev_kv=step[3])
             call = stub.Put
+        elif step[0] == "delrange":  # over every shard: one revision on accord
+            req = pb.DeleteRangeRequest(key=s.ns, range_end=prefix_end(s.ns), prev_kv=step[1])
+            call = stub.DeleteRange
         else:
             req = pb.TxnRequest(compare=[_compare(s, side, c, mods) for c in step[1]],
                                 success=[_op(s, o) for o in step[2]],

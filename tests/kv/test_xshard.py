@@ -341,3 +341,18 @@ async def test_concurrent_transfers_keep_the_total() -> None:
 
     await asyncio.gather(*(transfer() for _ in range(4)), audit())
     assert all(not m.intents for m in b.machines)
+
+
+async def test_a_delete_range_over_shards_deletes_everything_at_one_revision() -> None:
+    b = Shards()
+    keys = spread_keys(8)
+    for i, k in enumerate(keys):
+        for _ in range(i % 3 + 1):  # shards at different revisions
+            await b.put(pb.PutRequest(key=k, value=b"v"))
+    gone = await b.delete_range(pb.DeleteRangeRequest(key=b"k", range_end=b"l", prev_kv=True))
+    rev = gone.header.revision
+    assert gone.deleted == len(keys) and [kv.key for kv in gone.prev_kvs] == keys
+    before = await b.range(pb.RangeRequest(key=b"k", range_end=b"l", revision=rev - 1))
+    after = await b.range(pb.RangeRequest(key=b"k", range_end=b"l", revision=rev))
+    assert before.count == len(keys) and after.count == 0, "one revision on every shard"
+    assert all(not m.intents for m in b.machines)

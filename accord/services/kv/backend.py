@@ -209,8 +209,8 @@ class StateMachineBackend(ABC):
       that is behind at R (a Raft entry that raises its revision without a change, so no
       shard ever writes at or below R afterwards), then reads each shard at R and merges:
       one consistent snapshot at R, and a watch from R+1 misses nothing;
-    * a DeleteRange over several shards deletes each shard's part in that shard's own
-      revision (not one atomic step: each part is);
+    * a DeleteRange over several shards is a multi-shard Txn of that one delete: atomic,
+      at one revision on every shard;
     * a Txn over several shards commits atomically at one revision through intents and
       a record on its lowest shard (:class:`~accord.services.kv.xcoord.Coordinator`,
       ``docs/txn.md``); a write that meets an intent is refused in apply and proposed
@@ -396,8 +396,15 @@ class StateMachineBackend(ABC):
     async def delete_range(self, req: rpc_pb2.DeleteRangeRequest) -> rpc_pb2.DeleteRangeResponse:
         """Validate, encode and commit a DeleteRange on every shard it may touch."""
         self.sm.validate_delete_range(req)
-        enc = self.sm.encode_delete_range(req)
         shards = sharding.shards_of_range(req.key, req.range_end, self.shards)
+        if len(shards) > 1 and self.multi_shard_txns:
+            # Atomic at one revision on every shard: a Txn of this one delete.
+            whole = rpc_pb2.TxnRequest(success=[rpc_pb2.RequestOp(request_delete_range=req)])
+            done = await self.xcoord.txn(whole, shards)
+            gone: rpc_pb2.DeleteRangeResponse = done.responses[0].response_delete_range
+            gone.header.revision = done.header.revision
+            return gone
+        enc = self.sm.encode_delete_range(req)
         parts = await self._each(shards, lambda s: self.commit_free(enc, s))
         if len(parts) == 1:
             result: rpc_pb2.DeleteRangeResponse = parts[0]
