@@ -13,6 +13,8 @@ Workloads (``Spec.workload``):
 * ``put``: 256-byte values over a small key set per client;
 * ``get`` / ``sget``: linearizable / serializable Range of one of 1,000 seeded keys;
 * ``txn``: compare-and-set, ``Txn(mod_revision == last) then Put``;
+* ``txn2``: the same over two keys of different partitions (on an 8-shard accord: two
+  shards), ``Txn(both mod_revisions == last) then Put both``;
 * ``mixed``: 90% linearizable get, 10% put;
 * ``lock``: acquire (``Txn(create_revision == 0) then Put with lease``) and release
   (``DeleteRange``), etcd's lock recipe without waiters; one op is the pair;
@@ -48,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WORKLOADS = ("put", "get", "sget", "txn", "mixed", "lock", "watch", "lease", "load")
+WORKLOADS = ("put", "get", "sget", "txn", "txn2", "mixed", "lock", "watch", "lease", "load")
 RPC_TIMEOUT = 10.0
 READ_KEYS = 1000
 

@@ -23,6 +23,7 @@ import grpc
 from accord.client.tls import TLSOptions, aio_channel, split_endpoint
 from accord.proto import rpc_pb2
 from accord.proto import rpc_pb2_grpc as _rpc_grpc
+from accord.services.kv.sharding import shard_of
 from bench.loadgen import READ_KEYS, RPC_TIMEOUT, Spec, random_value, share, stamp, unstamp
 
 rpc_pb2_grpc: Any = _rpc_grpc  # generated stubs are untyped
@@ -102,6 +103,16 @@ class _Token(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.StreamStreamClientIn
                                       request_iterator: Any) -> Any:
         return await continuation(self._details(details), request_iterator)
 
+
+
+def two_shard_keys(base: str, shards: int = 8) -> tuple[bytes, bytes]:
+    """Two keys of different partitions that an accord of ``shards`` shards (the
+    default 8) keeps on different shards."""
+    first = f"{base}-0".encode()
+    i = 1
+    while shard_of(f"{base}-{i}".encode(), shards) == shard_of(first, shards):
+        i += 1
+    return first, f"{base}-{i}".encode()
 
 class Worker:
     """One worker process's channels, state and workloads."""
@@ -268,6 +279,34 @@ class Worker:
                 else:
                     rev[0] = int(t.responses[0].response_range.kvs[0].mod_revision)
                     raise RuntimeError("compare-and-set lost on a key only this client writes")
+            ops.append(op)
+        return lambda s, e: closed_loop(ops, s, e)
+
+    async def _w_txn2(self, spec: Spec) -> Runner:
+        value = random_value(spec.value_size)
+        ops: list[Op] = []
+        for gid, ep in self.clients(spec):
+            kv = self.kv(ep)
+            pair = two_shard_keys(f"/bench-{spec.tag}-cas2/{gid}")
+            revs = []
+            for key in pair:
+                r = await kv.Put(rpc_pb2.PutRequest(key=key, value=value), timeout=RPC_TIMEOUT)
+                revs.append(int(r.header.revision))
+
+            async def op(kv: Any = kv, pair: tuple[bytes, bytes] = pair,
+                         revs: list[int] = revs) -> None:
+                t = await kv.Txn(rpc_pb2.TxnRequest(
+                    compare=[rpc_pb2.Compare(key=k, target=rpc_pb2.Compare.MOD,
+                                             result=rpc_pb2.Compare.EQUAL, mod_revision=r)
+                             for k, r in zip(pair, revs, strict=True)],
+                    success=[rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=k, value=value))
+                             for k in pair],
+                    failure=[rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=k))
+                             for k in pair],
+                ), timeout=RPC_TIMEOUT)
+                if not t.succeeded:
+                    raise RuntimeError("compare-and-set lost on keys only this client writes")
+                revs[:] = [int(t.header.revision)] * 2
             ops.append(op)
         return lambda s, e: closed_loop(ops, s, e)
 

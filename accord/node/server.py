@@ -407,6 +407,8 @@ class Node:
         if self.grpc is not None:
             with contextlib.suppress(Exception):
                 await self.grpc.stop(0.5)
+        if getattr(self, "backend", None) is not None:
+            await self.backend.xcoord.close()
         if self.http is not None:
             await self.http.stop()
         self.metrics.detach()

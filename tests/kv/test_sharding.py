@@ -157,9 +157,9 @@ async def test_a_txn_across_shards_commits_on_both_at_one_revision() -> None:
     k1, k2 = _keys_on_distinct_shards(b, 2)
     resp = await b.txn(pb.TxnRequest(success=[op_put(k1), op_put(k2)]))
     assert resp.succeeded
-    for k in (k1, k2):
-        assert b.machines[b.shard_of(k)].range(
-            pb.RangeRequest(key=k)).kvs[0].mod_revision == resp.header.revision
+    for k in (k1, k2):  # a linearizable read waits for a commit still under way
+        got = await b.range(pb.RangeRequest(key=k))
+        assert got.kvs[0].mod_revision == resp.header.revision
     # etcd's lock recipe: put the contender key and read the whole queue, in one Txn.
     ok = await b.txn(pb.TxnRequest(
         success=[op_put(b"mylock/1"), op_get(b"mylock/", _prefix_end(b"mylock/"))]))

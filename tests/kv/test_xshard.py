@@ -264,6 +264,7 @@ async def _crash_and_recover(stall_after: int, broken: bool) -> tuple[set[bytes]
         await asyncio.sleep(0)
     finished = t.done()
     t.cancel()
+    await b.xcoord.close()  # the dead coordinator's background commits die with it
     b.stall_after = None
     b.clock += TXN_TIMEOUT_MS + 1  # the dead coordinator's deadline has passed
     await b.resolve_stale_intents()

@@ -424,6 +424,8 @@ class StateMachineBackend(ABC):
         if self.shards > 1:
             touched = sharding.shards_of_txn(req, self.shards)
             if len(touched) > 1:
+                if self.sm.is_read_only_txn(req):
+                    return await self._read_txn_across(req, sorted(touched))
                 if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
                     self._check_space()
                 return await self._multi_shard_txn(req, touched)
@@ -445,6 +447,27 @@ class StateMachineBackend(ABC):
         except errors.Locked:
             result = await self.commit_free(command, shard)
         return result
+
+    async def _read_txn_across(
+        self, req: rpc_pb2.TxnRequest, shards: list[int]
+    ) -> rpc_pb2.TxnResponse:
+        """A read-only Txn over several shards, served as a multi-shard range is: barriers,
+        R = the highest revision, every shard floored at R, the intents in the way waited
+        out, then the compares and ranges of every shard at R (no revision of its own, as
+        etcd gives a read-only Txn none)."""
+        await self._each(shards, self.read_barrier)
+        rev = max(self.machines[s].revision for s in shards)
+        await self.floor(shards, rev)
+        ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
+        await self._each(shards, lambda s: self.wait_intents(s, ranges, rev))
+        shares = [self.machines[s].read_share(req, rev) for s in shards]
+        path = xtxn.path_of(req, xtxn.combine(req, [c for c, _read in shares]))
+        err = xtxn.first_error(req, path, {}, rev + 1,
+                               max(self.machines[s].compact_revision for s in shards))
+        if err is not None:
+            raise err
+        parts = {s: read(path) for s, (_c, read) in zip(shards, shares, strict=True)}
+        return xtxn.merge(req, path, parts, rev, self.sm.limits, self.shard_of)
 
     async def _txn_puts(self, req: rpc_pb2.TxnRequest, items: list[Any]) -> rpc_pb2.TxnResponse:
         """:meth:`txn` of a Txn of plain puts (a batch): the same checks in the same order,

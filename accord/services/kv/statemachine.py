@@ -489,6 +489,8 @@ class KVStateMachine:
             return self._x_prepare(txn_id, *body[2:])
         if kind == xcommands.XKind.COMMIT:
             return self._x_commit(txn_id, *body[2:])
+        if kind == xcommands.XKind.RESERVE:
+            return self._x_reserve(txn_id, *body[2:])
         return self._x_abort(txn_id, *body[2:])
 
     def _x_prepare(
@@ -503,8 +505,7 @@ class KVStateMachine:
                 return xcommands.Prepared(False, "decided", store.rev)
         if txn_id in x.intents:  # a second prepare of one Txn: refused, nothing changes
             return xcommands.Prepared(False, "again", store.rev)
-        if store.rev >= rev:
-            return xcommands.Prepared(False, "behind", store.rev)
+        rev = max(rev, store.rev + 1)  # the candidate, or the lowest this shard can give
         ranges = xtxn.intent_ranges(req, shard, shards, sharding.shards_of_range)
         if x.blocking_any(ranges) is not None:
             return xcommands.Prepared(False, "conflict", store.rev)
@@ -513,7 +514,7 @@ class KVStateMachine:
             return sharding.shard_of(key, shards) == shard
 
         answer = xcommands.Prepared(
-            True, "", store.rev, xtxn.partial_compares(store, req, store.rev),
+            True, "", rev, xtxn.partial_compares(store, req, store.rev),
             xtxn.put_checks(self._exec, req, owns), max(0, store.compact_rev),
         )
         x.intents[txn_id] = Intent(txn_id, rev, record, deadline_ms, ranges,
@@ -523,6 +524,22 @@ class KVStateMachine:
         store.raise_floor(rev)
         self.watch_hub.held_from = x.lowest_rev()
         return answer
+
+    def _x_reserve(self, txn_id: int, rev: int) -> xcommands.Prepared:
+        """Move an intent's reserved revision up to ``rev``, if nothing here has used it
+        (the shard's revision is still below it): the participants then agree on one."""
+        intent = self._x.intents.get(txn_id)
+        store = self._store
+        if intent is None:
+            return xcommands.Prepared(False, "gone", store.rev)
+        if rev <= intent.rev:
+            return xcommands.Prepared(True, "", intent.rev)
+        if store.rev >= rev:
+            return xcommands.Prepared(False, "behind", store.rev + 1)
+        intent.rev = rev
+        store.raise_floor(rev)
+        self._release()
+        return xcommands.Prepared(True, "", rev)
 
     def _x_commit(
         self, txn_id: int, path: tuple[bool, ...], shard: int, shards: int, now_ms: int
@@ -622,6 +639,16 @@ class KVStateMachine:
         if not validated:
             validate.validate_range(req, self.limits)
         return self._exec.range(req, self._store.rev)
+
+    def read_share(
+        self, req: rpc_pb2.TxnRequest, rev: int
+    ) -> tuple[list[list[tuple[bool, bool]]], Callable[[list[bool]], rpc_pb2.TxnResponse]]:
+        """A read-only multi-shard Txn's part here at ``rev``: this shard's partial
+        compares (``xtxn.partial_compares``) and a function of the branch path that reads
+        this shard's part of the taken ranges (``xtxn.read_share``)."""
+        ex = self._exec
+        return (xtxn.partial_compares(self._store, req, rev),
+                lambda path: xtxn.read_share(ex, req, path, rev))
 
     def is_read_only_txn(self, req: rpc_pb2.TxnRequest) -> bool:
         """Whether no branch of ``req`` (nested ones included) can write."""

@@ -9,7 +9,9 @@
   decision, on every participant its share of the writes at the reserved revision;
 * ``ABORT``: ``[3, 3, txn_id, is_record, now_ms]``: on the record shard, abort unless
   committed (a missing record becomes an ABORTED tombstone) and answer the decision; on
-  a participant, drop the intent.
+  a participant, drop the intent;
+* ``RESERVE``: ``[3, 4, txn_id, rev]``: move a prepared intent's reserved revision up to
+  ``rev`` (when the participants reserved different ones).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class XKind(IntEnum):
     PREPARE = 1
     COMMIT = 2
     ABORT = 3
+    RESERVE = 4
 
 
 def _pack(body: list[Any]) -> bytes:
@@ -62,13 +65,18 @@ def encode_abort(txn_id: int, is_record: bool, now_ms: int) -> bytes:
     return _pack([XFORMAT, XKind.ABORT.value, txn_id, bool(is_record), now_ms])
 
 
+def encode_reserve(txn_id: int, rev: int) -> bytes:
+    """A RESERVE of ``rev`` for ``txn_id``'s intent."""
+    return _pack([XFORMAT, XKind.RESERVE.value, txn_id, rev])
+
+
 def decode(command: bytes) -> tuple[Any, ...]:
     """The fields of a format-3 command after the format number; bad input raises."""
     try:
         body = msgpack.unpackb(command, raw=False, use_list=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise errors.bad_request(f"malformed KV command: {exc}") from exc
-    sizes = {XKind.PREPARE: 10, XKind.COMMIT: 7, XKind.ABORT: 5}
+    sizes = {XKind.PREPARE: 10, XKind.COMMIT: 7, XKind.ABORT: 5, XKind.RESERVE: 4}
     if type(body) is not tuple or len(body) < 3 or body[0] != XFORMAT:
         raise errors.bad_request("malformed KV command: not a format-3 command")
     kind = body[1]
@@ -79,14 +87,15 @@ def decode(command: bytes) -> tuple[Any, ...]:
 
 @dataclass(slots=True)
 class Prepared:
-    """What a PREPARE answers: ``ok``, or why not (``behind``: this shard's revision is
-    already at or past the candidate, ``conflict``: another Txn's intent, ``decided``: the
-    record was decided before this prepare)."""
+    """What a PREPARE or a RESERVE answers: ``ok``, or why not (``conflict``: another
+    Txn's intent, ``decided``: the record was decided before this prepare, ``again``: a
+    second prepare of one Txn, ``behind``: a RESERVE below this shard's revision, ``gone``:
+    a RESERVE of an intent no longer here)."""
 
     ok: bool
     reason: str = ""
     rev: int = 0
-    """This shard's revision when it applied the prepare."""
+    """The revision reserved here (after a refused RESERVE: the lowest it could take)."""
     compares: list[list[tuple[bool, bool]]] = field(default_factory=list)
     checks: dict[int, str] = field(default_factory=dict)
     compact_rev: int = 0

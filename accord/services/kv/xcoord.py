@@ -13,6 +13,7 @@ leads, so that an intent nobody touches is resolved too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -70,6 +71,9 @@ class Coordinator:
         before the record shard's decision, so a coordinator dying in between leaves a
         partial commit that recovery then aborts on the record. Never set outside tests."""
         self.stats = {"committed": 0, "aborted": 0, "retries": 0, "resolved": 0}
+        self._finishing: set[asyncio.Task[None]] = set()
+        """Commits on the other participants still running after the answer (owned:
+        :meth:`close` cancels and awaits them; recovery finishes what they leave)."""
         self.failpoint = ""
         """One of :data:`FAILPOINT_STEPS` (or empty): a Txn with a key under
         :data:`FAILPOINT_PREFIX` stops there for good, as if its coordinator had died
@@ -117,9 +121,6 @@ class Coordinator:
                 self.stats["retries"] += 1
                 if failure is not None:
                     raise failure
-                behind = [a.rev for a in prepared if a.reason == "behind"]
-                if behind:
-                    floor = max(behind) + 1 + attempt
                 if any(a.reason == "conflict" for a in prepared):
                     ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
                     await asyncio.gather(*(self.wait_free(s, ranges) for s in shards))
@@ -127,6 +128,14 @@ class Coordinator:
                 if loop.time() > give_up:
                     break
                 continue
+            want = max(a.rev for a in prepared)
+            if any(a.rev != want for a in prepared) and not await self._agree(
+                    txn_id, shards, prepared, want):
+                await self._abort(txn_id, shards)
+                self.stats["retries"] += 1
+                floor = max(a.rev for a in prepared) + 1
+                continue
+            rev = max(a.rev for a in prepared)
             await self._stop_at("after-prepare", req)
             path = xtxn.path_of(req, xtxn.combine(req, [a.compares for a in prepared]))
             checks: dict[int, str] = {}
@@ -151,6 +160,18 @@ class Coordinator:
             await self._stop_at("after-decision", req)
             if self.broken_resolve_first:
                 others = []
+            if others and not _needs_others(req, path, record, n):
+                # The answer holds nothing but the revision from the other shards: give
+                # it now (the decision is durable) and finish them in the background; a
+                # read or write that meets their intents meanwhile waits for the commit.
+                task = asyncio.create_task(self._finish(txn_id, path, others, now),
+                                           name=f"xtxn-finish-{txn_id:x}")
+                self._finishing.add(task)
+                task.add_done_callback(self._finishing.discard)
+                self.stats["committed"] += 1
+                parts0 = {record: first.response} if first.response is not None else {}
+                return xtxn.merge(req, path, parts0, rev, self.limits,
+                                  lambda k: sharding.shard_of(k, n))
             rest = await asyncio.gather(*(self.parts.commit(
                 xcommands.encode_commit(txn_id, path, s, n, now), s) for s in others))
             parts: dict[int, rpc_pb2.TxnResponse] = {}
@@ -167,6 +188,49 @@ class Coordinator:
             "accord: a cross-shard Txn kept meeting other transactions in progress on its "
             "keys and gave up; retry it",
         )
+
+    async def _finish(self, txn_id: int, path: list[bool], others: Sequence[int],
+                      now: int) -> None:
+        """Commit a decided Txn on the participants other than the record shard."""
+        try:
+            await asyncio.gather(*(self.parts.commit(xcommands.encode_commit(
+                txn_id, path, s, self.parts.shards, now), s) for s in others))
+        except EtcdError:
+            pass  # the intents stay until a reader or the recovery pass resolves them
+
+    async def drain(self) -> None:
+        """Wait for the background commits under way (tests; a settled store)."""
+        while self._finishing:
+            await asyncio.gather(*list(self._finishing), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel and await the background commits (node shutdown)."""
+        tasks = list(self._finishing)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    async def _agree(self, txn_id: int, shards: Sequence[int],
+                     prepared: list[xcommands.Prepared], want: int) -> bool:
+        """Bring every participant's reserved revision up to the highest (RESERVE rounds,
+        a few at most); False if they could not agree (then the Txn is retried)."""
+        for _ in range(4):
+            lagging = [i for i, a in enumerate(prepared) if a.rev != want]
+            if not lagging:
+                return True
+            answers = await asyncio.gather(*(self.parts.commit(
+                xcommands.encode_reserve(txn_id, want), shards[i]) for i in lagging))
+            for i, a in zip(lagging, answers, strict=True):
+                if a.ok:
+                    prepared[i].rev = a.rev
+                elif a.reason == "behind":
+                    want = max(want, a.rev)
+                else:
+                    return False
+            want = max(want, *(a.rev for a in prepared))
+        return all(a.rev == want for a in prepared)
 
     async def _abort(self, txn_id: int, shards: Sequence[int]) -> None:
         """Abort on the record shard first (the decision), then drop the other intents."""
@@ -243,3 +307,16 @@ class Coordinator:
                 await self.resolve(shard, intent)
                 done += 1
         return done
+
+
+def _needs_others(req: rpc_pb2.TxnRequest, path: Sequence[bool], record: int, n: int) -> bool:
+    """Whether the answer of ``req`` along ``path`` needs a shard other than ``record``:
+    a range or a delete (their results), or a put with prev_kv of a key held elsewhere."""
+    for _o, op in xtxn.taken_ops(req, path):
+        which = op.WhichOneof("request")
+        if which in ("request_range", "request_delete_range"):
+            return True
+        if which == "request_put" and op.request_put.prev_kv and sharding.shard_of(
+                op.request_put.key, n) != record:
+            return True
+    return False

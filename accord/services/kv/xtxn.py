@@ -228,6 +228,31 @@ def _run(
             _run(ex, wt, op.request_txn, path, p, owns, out.response_txn)
 
 
+def read_share(
+    ex: Executor, req: rpc_pb2.TxnRequest, path: Sequence[bool], rev: int
+) -> rpc_pb2.TxnResponse:
+    """This shard's part of a read-only Txn's taken path, every range read at ``rev``."""
+    resp = rpc_pb2.TxnResponse()
+    _read(ex, req, path, [0], rev, resp)
+    resp.header.revision = rev
+    return resp
+
+
+def _read(ex: Executor, req: rpc_pb2.TxnRequest, path: Sequence[bool], p: list[int], rev: int,
+          resp: rpc_pb2.TxnResponse) -> None:
+    ok = path[p[0]]
+    p[0] += 1
+    resp.succeeded = ok
+    for op in req.success if ok else req.failure:
+        which = op.WhichOneof("request")
+        out = resp.responses.add()
+        if which == "request_range":
+            out.response_range.CopyFrom(ex.range(op.request_range, rev))
+        elif which == "request_txn":
+            out.response_txn.header.SetInParent()
+            _read(ex, op.request_txn, path, p, rev, out.response_txn)
+
+
 def merge(
     req: rpc_pb2.TxnRequest, path: Sequence[bool], parts: dict[int, rpc_pb2.TxnResponse],
     rev: int, limits: Limits, shard_of: Callable[[bytes], int],
