@@ -57,6 +57,21 @@ class Shards(StateMachineBackend):
         return HeaderInfo(1, 1, 1, 1)
 
 
+def hold_commits(b: Shards) -> asyncio.Event:
+    """Make every COMMIT of a multi-shard Txn wait until the returned event is set."""
+    gate = asyncio.Event()
+    real = b.commit
+
+    async def slow_commit(command: bytes, shard: int = 0) -> Any:
+        if command[1:2] == bytes([xcommands.XFORMAT]) and xcommands.decode(command)[0] == \
+                xcommands.XKind.COMMIT:
+            await gate.wait()
+        return await real(command, shard)
+
+    b.commit = slow_commit  # type: ignore[method-assign]
+    return gate
+
+
 def spread_keys(n: int, shards: int = SHARDS) -> list[bytes]:
     """``n`` plain keys, at least one on every shard."""
     out: list[bytes] = []
@@ -171,16 +186,7 @@ async def test_a_multi_shard_txn_writes_every_key_at_one_revision() -> None:
 async def test_a_write_and_a_read_that_meet_an_intent_wait_for_the_decision() -> None:
     b = Shards()
     k1, k2 = KEYS[0], next(k for k in KEYS if b.shard_of(k) != b.shard_of(KEYS[0]))
-    gate = asyncio.Event()
-    real = b.commit
-
-    async def slow_commit(command: bytes, shard: int = 0) -> Any:
-        if command[1:2] == bytes([xcommands.XFORMAT]) and xcommands.decode(command)[0] == \
-                xcommands.XKind.COMMIT:
-            await gate.wait()
-        return await real(command, shard)
-
-    b.commit = slow_commit  # type: ignore[method-assign]
+    gate = hold_commits(b)
     t = asyncio.create_task(b.txn(pb.TxnRequest(success=[op_put(k1, b"1"), op_put(k2, b"2")])))
     for _ in range(50):
         await asyncio.sleep(0)
@@ -207,16 +213,7 @@ async def test_a_watch_on_a_shard_gets_revisions_in_order_around_a_retro_commit(
     other = next(k for k in spread_keys(40) if b.shard_of(k) == b.shard_of(k1) and k != k1)
     sm = b.machines[b.shard_of(k1)]
     w = sm.watch_hub.watch(b"\x00", b"\x00")
-    gate = asyncio.Event()
-    real = b.commit
-
-    async def slow_commit(command: bytes, shard: int = 0) -> Any:
-        if command[1:2] == bytes([xcommands.XFORMAT]) and xcommands.decode(command)[0] == \
-                xcommands.XKind.COMMIT:
-            await gate.wait()
-        return await real(command, shard)
-
-    b.commit = slow_commit  # type: ignore[method-assign]
+    gate = hold_commits(b)
     t = asyncio.create_task(b.txn(pb.TxnRequest(success=[op_put(k1, b"1"), op_put(k2, b"2")])))
     for _ in range(50):
         await asyncio.sleep(0)
@@ -309,20 +306,26 @@ async def test_a_late_prepare_after_recovery_aborted_the_record_is_refused() -> 
     assert not late.ok and late.reason == "decided" and not sm.intents
 
 
-async def test_concurrent_transfers_keep_the_total() -> None:
+async def _bank(readers_ignore_intents: bool) -> tuple[int, list[int]]:
     """A small bank: accounts on different shards, transfers by compare-and-swap Txns
-    from many tasks at once; every read of all accounts sums to the total."""
+    from many tasks at once, an auditor reading all accounts (one multi-shard range) in
+    between; returns the total and every sum the auditor saw."""
     seed = random.randrange(1 << 30)
     print("seed", seed)
     rnd = random.Random(seed)
     b = Shards()
+    if readers_ignore_intents:  # the broken variant: reads do not wait for intents
+        async def ignore(shard: int, ranges: Any, rev: int) -> None:
+            return None
+        b.wait_intents = ignore  # type: ignore[method-assign]
     accounts = [k for k in spread_keys(8)][:6]
     for k in accounts:
         await b.put(pb.PutRequest(key=k, value=b"100"))
     total = 100 * len(accounts)
+    sums: list[int] = []
 
     async def transfer() -> None:
-        for _ in range(10):
+        for _ in range(15):
             src, dst = rnd.sample(accounts, 2)
             got = await b.range(pb.RangeRequest(key=b"k", range_end=b"l"))
             byk = {kv.key: kv for kv in got.kvs}
@@ -335,13 +338,25 @@ async def test_concurrent_transfers_keep_the_total() -> None:
                          op_put(dst, str(int(d.value) + amount).encode())]))
 
     async def audit() -> None:
-        for _ in range(30):
+        for _ in range(60):
             got = await b.range(pb.RangeRequest(key=b"k", range_end=b"l"))
-            assert sum(int(kv.value) for kv in got.kvs if kv.key in accounts) == total
+            sums.append(sum(int(kv.value) for kv in got.kvs if kv.key in accounts))
             await asyncio.sleep(0)
 
     await asyncio.gather(*(transfer() for _ in range(4)), audit())
+    await b.xcoord.drain()
     assert all(not m.intents for m in b.machines)
+    return total, sums
+
+
+async def test_concurrent_transfers_keep_the_total() -> None:
+    total, sums = await _bank(readers_ignore_intents=False)
+    assert sums and all(x == total for x in sums), sums
+
+
+async def test_the_broken_variant_whose_readers_ignore_intents_is_caught() -> None:
+    total, sums = await _bank(readers_ignore_intents=True)
+    assert any(x != total for x in sums), "reads past intents must see a partial transfer"
 
 
 async def test_a_delete_range_over_shards_deletes_everything_at_one_revision() -> None:

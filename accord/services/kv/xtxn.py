@@ -196,14 +196,26 @@ def run_share(
     the puts of keys it holds, its part of every range and delete. A range too large
     answers empty here (the decision is made; a participant cannot refuse any more)."""
     resp = rpc_pb2.TxnResponse()
-    _run(ex, wt, req, path, [0], owns, resp)
+    _run(ex, wt, wt.rev, req, path, [0], owns, resp)
     resp.header.revision = wt.rev
     return resp
 
 
+def read_share(
+    ex: Executor, req: rpc_pb2.TxnRequest, path: Sequence[bool], rev: int
+) -> rpc_pb2.TxnResponse:
+    """This shard's part of a read-only Txn's taken path, every range read at ``rev``
+    (here a range's error is the client's answer: nothing is decided yet)."""
+    resp = rpc_pb2.TxnResponse()
+    _run(ex, None, rev, req, path, [0], lambda _k: False, resp)
+    resp.header.revision = rev
+    return resp
+
+
 def _run(
-    ex: Executor, wt: WriteTxn, req: rpc_pb2.TxnRequest, path: Sequence[bool], p: list[int],
-    owns: Callable[[bytes], bool], resp: rpc_pb2.TxnResponse,
+    ex: Executor, wt: WriteTxn | None, rev: int, req: rpc_pb2.TxnRequest,
+    path: Sequence[bool], p: list[int], owns: Callable[[bytes], bool],
+    resp: rpc_pb2.TxnResponse,
 ) -> None:
     ok = path[p[0]]
     p[0] += 1
@@ -213,9 +225,16 @@ def _run(
         out = resp.responses.add()
         if which == "request_range":
             try:
-                out.response_range.CopyFrom(ex.range(op.request_range, wt.rev))
+                out.response_range.CopyFrom(ex.range(op.request_range, rev))
             except EtcdError:
+                if wt is None:
+                    raise
                 out.response_range.SetInParent()
+        elif which == "request_txn":
+            out.response_txn.header.SetInParent()
+            _run(ex, wt, rev, op.request_txn, path, p, owns, out.response_txn)
+        elif wt is None:
+            raise ValueError("a read share of a Txn that writes")
         elif which == "request_put":
             if owns(op.request_put.key):
                 out.response_put.CopyFrom(ex.put(wt, op.request_put))
@@ -223,34 +242,6 @@ def _run(
                 out.response_put.SetInParent()
         elif which == "request_delete_range":
             out.response_delete_range.CopyFrom(ex.delete_range(wt, op.request_delete_range))
-        elif which == "request_txn":
-            out.response_txn.header.SetInParent()
-            _run(ex, wt, op.request_txn, path, p, owns, out.response_txn)
-
-
-def read_share(
-    ex: Executor, req: rpc_pb2.TxnRequest, path: Sequence[bool], rev: int
-) -> rpc_pb2.TxnResponse:
-    """This shard's part of a read-only Txn's taken path, every range read at ``rev``."""
-    resp = rpc_pb2.TxnResponse()
-    _read(ex, req, path, [0], rev, resp)
-    resp.header.revision = rev
-    return resp
-
-
-def _read(ex: Executor, req: rpc_pb2.TxnRequest, path: Sequence[bool], p: list[int], rev: int,
-          resp: rpc_pb2.TxnResponse) -> None:
-    ok = path[p[0]]
-    p[0] += 1
-    resp.succeeded = ok
-    for op in req.success if ok else req.failure:
-        which = op.WhichOneof("request")
-        out = resp.responses.add()
-        if which == "request_range":
-            out.response_range.CopyFrom(ex.range(op.request_range, rev))
-        elif which == "request_txn":
-            out.response_txn.header.SetInParent()
-            _read(ex, op.request_txn, path, p, rev, out.response_txn)
 
 
 def merge(
