@@ -6,11 +6,16 @@ Endpoints come from ``--endpoints`` (comma-separated ``host:port``, ``http://`` 
 ``127.0.0.1:2379`` (etcd's default). TLS takes etcdctl's options: ``--cacert`` (the CA
 that signed the servers), ``--cert`` and ``--key`` (a client certificate), else the
 ``ACCORD_CACERT``, ``ACCORD_CERT`` and ``ACCORD_KEY`` variables; ``https://`` endpoints,
-and any endpoint once one of them is set, dial TLS (``accord.client.tls``). Every command talks to the cluster through
-:class:`accord.client.sync.SyncClient` (failover, deadlines and the client's retry
-policy: a write that may have been applied is never sent twice), with a shorter retry
-budget than a long-running program's, so a shell waits seconds, not half a minute, for
-a cluster that is down. A :class:`~accord.client.errors.ClientError` is printed as
+and any endpoint once one of them is set, dial TLS (``accord.client.tls``).
+
+Every command talks to the cluster through :mod:`accord.client`, never through a stub
+or channel of its own (``tests/cli/test_cli_uses_client.py`` keeps it so): most through
+:func:`client`, a :class:`accord.client.sync.SyncClient` (failover, deadlines and the
+client's retry policy: a write that may have been applied is never sent twice) with a
+shorter retry budget than a long-running program's, so a shell waits seconds, not half
+a minute, for a cluster that is down; ``accord ckpt`` through the async client, and
+``accord nodes agent`` through the agent daemon (``accord.agent``), which has its own
+link to the scheduler. A :class:`~accord.client.errors.ClientError` is printed as
 ``accord: CODE at ENDPOINT: message; hint`` and exits with status 1.
 """
 
@@ -23,18 +28,11 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
-
-import grpc
+from typing import Any
 
 from accord.client.errors import ClientError
 from accord.client.sync import SyncClient
-from accord.client.tls import TLSOptions, TLSOptionsError, sync_channel
-
-T = TypeVar("T")
-
-RETRY_ON_NEXT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-"""Errors that send a raw-stub call (:func:`first`) on to the next endpoint."""
+from accord.client.tls import TLSOptions, TLSOptionsError
 
 CALL_TIMEOUT_S = 20.0
 """Deadline of one call (a scheduler submit waits for a Raft commit and a barrier)."""
@@ -74,10 +72,6 @@ class Endpoints(list[str]):
         super().__init__(items)
         self.tls = tls
 
-    def only(self, endpoint: str) -> Endpoints:
-        """Just ``endpoint`` (a member's client URL, say), dialed the same way."""
-        return Endpoints([endpoint], self.tls)
-
 
 def from_args(args: argparse.Namespace) -> Endpoints:
     """The endpoints and TLS options a subcommand was given; exits with status 2 and
@@ -102,31 +96,6 @@ def client(args: argparse.Namespace, *, call_timeout_s: float = CALL_TIMEOUT_S) 
     eps = from_args(args)
     return SyncClient(list(eps), tls=eps.tls, call_timeout_s=call_timeout_s,
                       retry_budget_s=RETRY_BUDGET_S)
-
-
-# Raw-stub helpers, for the commands not yet on accord.client (jobs, agent, logs,
-# snapshot as the agent and checkpoint work left them): to be retired as they move over.
-
-
-def channel(endpoint: str, endpoints: list[str]) -> grpc.Channel:
-    """A channel to ``endpoint``, dialed as ``endpoints`` says (TLS or not)."""
-    return sync_channel(endpoint, getattr(endpoints, "tls", None))
-
-
-def first(endpoints: list[str], call: Callable[[grpc.Channel], T]) -> T:
-    """Run ``call(channel)`` against the first endpoint that answers."""
-    last: grpc.RpcError | None = None
-    for ep in endpoints:
-        with channel(ep, endpoints) as ch:
-            try:
-                return call(ch)
-            except grpc.RpcError as e:
-                last = e
-                if e.code() not in RETRY_ON_NEXT:
-                    break
-    if last is None:
-        raise ValueError("no endpoint given")
-    raise last
 
 
 def error_line(e: ClientError) -> str:

@@ -10,10 +10,13 @@
     accord nodes agent --from-json FILE [--interval 0.5]         # a given inventory
     accord nodes agent --fake gpu-a --gossip-seeds 10.0.0.1:3380  # ... and join SWIM membership
 
-They speak ``accord.scheduling.v1.Scheduler`` to any member. Endpoints come from
-``--endpoints`` or ``ACCORD_ENDPOINTS`` (comma-separated ``host:port``), default
-``127.0.0.1:2379``; a call goes to the first endpoint that answers, and mutating
-calls carry one request id across endpoints so a retry is applied at most once.
+They go through ``client.scheduler`` (:mod:`accord.client.scheduling`, the blocking twin
+of :mod:`accord.cli.common`). Endpoints come from ``--endpoints`` or ``ACCORD_ENDPOINTS``
+(comma-separated ``host:port``), default ``127.0.0.1:2379``; a call goes to the first
+endpoint that answers, and mutating calls carry one request id across endpoints so a
+retry is applied at most once. ``--json`` prints the scheduler's messages as JSON
+(``JobInfo``, ``NodeInfo``, ``PlacementEvent``; the client's results convert back to
+them losslessly).
 """
 
 from __future__ import annotations
@@ -22,33 +25,14 @@ import argparse
 import json
 import sys
 import time
-import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
-import grpc
 from google.protobuf import json_format
 
 from accord.cli import common
-from accord.proto import scheduling_pb2 as pb
-from accord.proto import scheduling_pb2_grpc
-
-_stubs: Any = scheduling_pb2_grpc  # the generated stubs carry no type annotations
-T = TypeVar("T")
-TIMEOUT = 20.0
-
-
-def _endpoints(args: argparse.Namespace) -> common.Endpoints:
-    return common.from_args(args)
-
-
-def _first(endpoints: list[str], call: Callable[[Any], T]) -> T:
-    """Run ``call(stub)`` against the first endpoint that answers."""
-    return common.first(endpoints, lambda ch: call(_stubs.SchedulerStub(ch)))
-
-
-def _rid() -> str:
-    return f"cli-{uuid.uuid4().hex[:16]}"
+from accord.client.scheduling import Job, JobSpec
+from accord.client.sync import SyncClient
 
 
 def _dump(msg: Any) -> dict[str, Any]:
@@ -56,28 +40,26 @@ def _dump(msg: Any) -> dict[str, Any]:
     return out
 
 
+def _bad_input(op: str, e: ValueError) -> int:
+    """A flag the client refused before any call: said as the server would, exit 1."""
+    print(f"accord: INVALID_ARGUMENT: accord jobs {op}: {e}", file=sys.stderr)
+    return 1
+
+
 # ----- jobs ---------------------------------------------------------------------------------
 
 
-def _job_spec(a: argparse.Namespace) -> pb.JobSpec:
-    spec = pb.JobSpec(id=a.id or "", tenant=a.tenant or "", queue=a.queue or "",
-                      priority=a.priority, tasks=a.tasks, devices_per_task=a.gpus,
-                      cpu_milli=a.cpu_milli, memory_mib=a.memory_mib, selector=a.selector,
-                      topology_level=a.topology or "", topology_required=a.require_topology,
-                      preemptible=a.preemptible, command=list(a.command or []),
-                      workdir=a.workdir or "")
-    if a.grace is not None:
-        spec.grace = a.grace
-    if a.max_restarts is not None:
-        spec.max_restarts = a.max_restarts
-    if a.gpu_milli is not None:
-        spec.gpu_milli = a.gpu_milli
-    if a.runtime is not None:
-        spec.estimated_runtime = a.runtime
-    return spec
+def _job_spec(a: argparse.Namespace) -> JobSpec:
+    return JobSpec(id=a.id or "", tenant=a.tenant or "", queue=a.queue or "",
+                   priority=a.priority, tasks=a.tasks, devices_per_task=a.gpus,
+                   gpu_milli=a.gpu_milli, cpu_milli=a.cpu_milli, memory_mib=a.memory_mib,
+                   selector=a.selector, topology_level=a.topology or "",
+                   topology_required=a.require_topology, estimated_runtime=a.runtime,
+                   preemptible=a.preemptible, command=tuple(a.command or ()),
+                   workdir=a.workdir or "", grace=a.grace, max_restarts=a.max_restarts)
 
 
-def _print_launch(info: pb.JobInfo) -> None:
+def _print_launch(info: Job) -> None:
     for t in info.tasks:
         env = " ".join(f"{k}={v}" for k, v in sorted(t.env.items()))
         print(f"  rank {t.rank}: {t.host} devices {list(t.devices)} cpus {t.cpus or '-'} "
@@ -90,75 +72,70 @@ def _when(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
 
 
-def _jobs(a: argparse.Namespace) -> int:
-    eps = _endpoints(a)
-    if a.op == "submit":
-        req = pb.SubmitJobRequest(job=_job_spec(a), request_id=_rid())
-        job_id = _first(eps, lambda s: s.SubmitJob(req, timeout=TIMEOUT)).job_id
-        print(job_id)
-        if a.wait > 0:
-            deadline = time.monotonic() + a.wait
-            while time.monotonic() < deadline:
-                info = _first(eps, lambda s: s.GetJob(pb.GetJobRequest(job_id=job_id),
-                                                      timeout=TIMEOUT))
-                if info.status != "pending":
-                    print(f"{job_id} {info.status}")
-                    _print_launch(info)
-                    return 0
-                time.sleep(0.2)
-            print(f"accord jobs submit: {job_id} still pending after {a.wait}s", file=sys.stderr)
-            return 1
+def _submit(c: SyncClient, a: argparse.Namespace) -> int:
+    try:
+        spec = _job_spec(a)
+    except ValueError as e:
+        return _bad_input("submit", e)
+    job_id = c.scheduler.submit(spec)
+    print(job_id)
+    if a.wait <= 0:
         return 0
-    if a.op == "ls":
-        resp = _first(eps, lambda s: s.ListJobs(
-            pb.ListJobsRequest(status=a.status or "", tenant=a.tenant or ""), timeout=TIMEOUT))
-        if a.json:
-            print(json.dumps([_dump(j) for j in resp.jobs]))
+    deadline = time.monotonic() + a.wait
+    while time.monotonic() < deadline:
+        info = c.scheduler.get(job_id)
+        if info.status != "pending":
+            print(f"{job_id} {info.status}")
+            _print_launch(info)
             return 0
-        print(f"{'ID':<20} {'STATUS':<10} {'TENANT':<10} {'TASKS':>5} {'GPUS':>5}  "
-              f"{'NODES':<30} REASON")
-        for j in resp.jobs:
-            nodes = ",".join(sorted({t.host for t in j.tasks}))
-            print(f"{j.spec.id:<20} {j.status:<10} {j.spec.tenant:<10} {j.spec.tasks:>5} "
-                  f"{j.spec.devices_per_task:>5}  {nodes or '-':<30} {j.reason}")
-        return 0
-    if not a.job_id and a.op != "watch":
-        print(f"accord jobs {a.op}: a job id is required", file=sys.stderr)
-        return 2
-    if a.op == "show":
-        info = _first(eps, lambda s: s.GetJob(pb.GetJobRequest(job_id=a.job_id), timeout=TIMEOUT))
-        if a.json:
-            print(json.dumps(_dump(info)))
-            return 0
-        print(f"{info.spec.id} {info.status} tenant={info.spec.tenant} tasks={info.spec.tasks} "
-              f"gpus/task={info.spec.devices_per_task} selector={info.spec.selector!r} "
-              f"starts={info.starts} requeues={info.requeues} failures={info.failures}"
-              + (f" reason={info.reason!r}" if info.reason else ""))
-        if info.spec.command:
-            print(f"  command: {' '.join(info.spec.command)}")
-        for t in info.task_status:
-            code = str(t.exit_code) if t.HasField("exit_code") else "-"
-            print(f"  task {t.rank} on {t.node}: {t.state} start {_when(t.start_time)} "
-                  f"end {_when(t.end_time)} exit {code}" + (f" ({t.reason})" if t.reason else ""))
-        _print_launch(info)
-        return 0
-    if a.op == "logs":
-        from accord.cli.logs import print_logs
+        time.sleep(0.2)
+    print(f"accord jobs submit: {job_id} still pending after {a.wait}s", file=sys.stderr)
+    return 1
 
-        return print_logs(eps, a.job_id, a.rank, a.attempt, a.stderr, a.follow)
-    if a.op == "cancel":
-        req_c = pb.CancelJobRequest(job_id=a.job_id, request_id=_rid())
-        _first(eps, lambda s: s.CancelJob(req_c, timeout=TIMEOUT))
-        print(f"{a.job_id} cancelled")
+
+def _ls(c: SyncClient, a: argparse.Namespace) -> int:
+    try:
+        jobs = c.scheduler.jobs(status=a.status or "", tenant=a.tenant or "")
+    except ValueError as e:
+        return _bad_input("ls", e)
+    if a.json:
+        print(json.dumps([_dump(j.to_pb()) for j in jobs]))
         return 0
-    # watch: print events until interrupted (or --count events)
-    with common.channel(eps[0], eps) as ch:
-        stream = _stubs.SchedulerStub(ch).WatchPlacements(
-            pb.WatchPlacementsRequest(job_id=a.job_id or "", start_index=a.since))
-        seen = 0
+    print(f"{'ID':<20} {'STATUS':<10} {'TENANT':<10} {'TASKS':>5} {'GPUS':>5}  "
+          f"{'NODES':<30} REASON")
+    for j in jobs:
+        nodes = ",".join(sorted({t.host for t in j.tasks}))
+        print(f"{j.spec.id:<20} {j.status:<10} {j.spec.tenant:<10} {j.spec.tasks:>5} "
+              f"{j.spec.devices_per_task:>5}  {nodes or '-':<30} {j.reason}")
+    return 0
+
+
+def _show(c: SyncClient, a: argparse.Namespace) -> int:
+    info = c.scheduler.get(a.job_id)
+    if a.json:
+        print(json.dumps(_dump(info.to_pb())))
+        return 0
+    print(f"{info.spec.id} {info.status} tenant={info.spec.tenant} tasks={info.spec.tasks} "
+          f"gpus/task={info.spec.devices_per_task} selector={info.spec.selector!r} "
+          f"starts={info.starts} requeues={info.requeues} failures={info.failures}"
+          + (f" reason={info.reason!r}" if info.reason else ""))
+    if info.spec.command:
+        print(f"  command: {' '.join(info.spec.command)}")
+    for t in info.task_status:
+        code = str(t.exit_code) if t.exit_code is not None else "-"
+        print(f"  task {t.rank} on {t.node}: {t.state} start {_when(t.start_time)} "
+              f"end {_when(t.end_time)} exit {code}" + (f" ({t.reason})" if t.reason else ""))
+    _print_launch(info)
+    return 0
+
+
+def _watch(c: SyncClient, a: argparse.Namespace) -> int:
+    """Print events until interrupted (or ``--count`` events)."""
+    seen = 0
+    with c.scheduler.watch_placements(a.job_id or "", start_index=a.since) as events:
         try:
-            for ev in stream:
-                print(json.dumps(_dump(ev)) if a.json else
+            for ev in events:
+                print(json.dumps(_dump(ev.to_pb())) if a.json else
                       f"{ev.index} {ev.kind} {ev.job_id} "
                       + " ".join(f"{t.rank}@{t.host}:{list(t.devices)}" for t in ev.tasks)
                       + (f" ({ev.reason})" if ev.reason else ""), flush=True)
@@ -167,55 +144,79 @@ def _jobs(a: argparse.Namespace) -> int:
                     break
         except KeyboardInterrupt:
             pass
-        finally:
-            stream.cancel()
     return 0
+
+
+def _jobs(a: argparse.Namespace) -> int:
+    if a.op not in ("submit", "ls", "watch") and not a.job_id:
+        print(f"accord jobs {a.op}: a job id is required", file=sys.stderr)
+        return 2
+    with common.client(a) as c:
+        if a.op == "submit":
+            return _submit(c, a)
+        if a.op == "ls":
+            return _ls(c, a)
+        if a.op == "show":
+            return _show(c, a)
+        if a.op == "logs":
+            from accord.cli.logs import print_logs
+
+            return print_logs(c, a.job_id, a.rank, a.attempt, a.stderr, a.follow)
+        if a.op == "cancel":
+            c.scheduler.cancel(a.job_id)
+            print(f"{a.job_id} cancelled")
+            return 0
+        return _watch(c, a)
 
 
 # ----- nodes --------------------------------------------------------------------------------
 
 
+def _nodes_ls(c: SyncClient, a: argparse.Namespace) -> int:
+    nodes = c.scheduler.nodes()
+    if a.json:
+        print(json.dumps([_dump(n.to_pb()) for n in nodes]))
+        return 0
+    print(f"{'NAME':<16} {'STATE':<9} {'DEVICES':<24} {'UNHEALTHY':<10} JOBS")
+    for n in nodes:
+        models = sorted({f"{d.vendor}/{d.model}" for d in n.devices})
+        devs = f"{len(n.devices)}x {','.join(models)}" if models else "-"
+        print(f"{n.name:<16} {n.state:<9} {devs:<24} "
+              f"{','.join(map(str, n.unhealthy)) or '-':<10} {','.join(n.running_jobs) or '-'}")
+    return 0
+
+
 def _nodes(a: argparse.Namespace) -> int:
-    eps = _endpoints(a)
-    if a.op == "ls":
-        resp = _first(eps, lambda s: s.ListNodes(pb.ListNodesRequest(), timeout=TIMEOUT))
-        if a.json:
-            print(json.dumps([_dump(n) for n in resp.nodes]))
-            return 0
-        print(f"{'NAME':<16} {'STATE':<9} {'DEVICES':<24} {'UNHEALTHY':<10} JOBS")
-        for n in resp.nodes:
-            state = ("dead" if not n.alive else "drained" if n.drained else "ready")
-            models = sorted({f"{d.vendor}/{d.model}" for d in n.spec.devices})
-            devs = f"{len(n.spec.devices)}x {','.join(models)}" if models else "-"
-            print(f"{n.spec.name:<16} {state:<9} {devs:<24} "
-                  f"{','.join(map(str, n.unhealthy)) or '-':<10} {','.join(n.running_jobs) or '-'}")
-        return 0
-    if a.op in ("drain", "undrain"):
-        if not a.name:
-            print(f"accord nodes {a.op}: a node name is required", file=sys.stderr)
-            return 2
-        req = pb.NodeRequest(node=a.name, request_id=_rid())
-        if a.op == "drain":
-            r = _first(eps, lambda s: s.DrainNode(req, timeout=TIMEOUT))
-            running = f" ({len(r.running_jobs)} running job(s) stay)" if r.running_jobs else ""
-            print(f"{a.name} drained{running}")
-        else:
-            _first(eps, lambda s: s.UndrainNode(req, timeout=TIMEOUT))
-            print(f"{a.name} undrained")
-        return 0
     if a.op == "agent":
         from accord.cli import agent
 
         return agent.agent_main(a)
-    from accord.cli.agent import spec_from
-
-    spec = spec_from(a)
-    if spec is None:
+    if a.op in ("drain", "undrain") and not a.name:
+        print(f"accord nodes {a.op}: a node name is required", file=sys.stderr)
         return 2
-    reg = pb.RegisterNodeRequest(node=spec, request_id=_rid())
-    name = _first(eps, lambda s: s.RegisterNode(reg, timeout=TIMEOUT)).node
-    print(f"{name} registered ({len(spec.devices)} devices)", flush=True)
-    return 0
+    spec = None
+    if a.op == "register":
+        from accord.cli.agent import spec_from
+
+        spec = spec_from(a)
+        if spec is None:
+            return 2
+    with common.client(a) as c:
+        if a.op == "ls":
+            return _nodes_ls(c, a)
+        if a.op == "drain":
+            running = c.scheduler.drain(a.name)
+            print(f"{a.name} drained"
+                  + (f" ({len(running)} running job(s) stay)" if running else ""))
+            return 0
+        if a.op == "undrain":
+            c.scheduler.undrain(a.name)
+            print(f"{a.name} undrained")
+            return 0
+        assert spec is not None
+        name = c.scheduler.register_node(spec)
+        print(f"{name} registered ({len(spec.devices)} devices)", flush=True)
+        return 0
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -289,7 +290,7 @@ def jobs_main(argv: Sequence[str]) -> int:
     if command and a.op != "submit":
         p.error(f"unexpected arguments for {a.op}: {' '.join(command)}")
     a.command = command
-    return _run(_jobs, a)
+    return common.run(_jobs, a)
 
 
 def nodes_main(argv: Sequence[str]) -> int:
@@ -322,12 +323,4 @@ def nodes_main(argv: Sequence[str]) -> int:
     from accord.cli.agent import add_agent_flags
 
     add_agent_flags(g)
-    return _run(_nodes, p.parse_args(list(argv)))
-
-
-def _run(fn: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    try:
-        return fn(args)
-    except grpc.RpcError as e:
-        print(f"accord: {e.code().name}: {e.details()}", file=sys.stderr)
-        return 1
+    return common.run(_nodes, p.parse_args(list(argv)))

@@ -1,49 +1,37 @@
 """`accord jobs logs JOB [--rank R] [--stderr] [--follow]`: a task's output, through its agent.
 
-The scheduler says where the task ran (``GetJob``'s task status, kept after the job
-ended) and where that node's agent serves (``ListNodes``' agent endpoint); the agent
-streams the file (``accord.agent.v1.Agent/ReadLog``).
+``client.scheduler.logs`` (:mod:`accord.client.tasklogs`) finds where the task ran (the
+job's task status, kept after the job ended) and where that node's agent serves (its
+registered agent endpoint), and streams the file from the agent
+(``accord.agent.v1.Agent/ReadLog``); this copies it to stdout as it comes.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from accord.cli import common
-from accord.proto import agent_pb2, agent_pb2_grpc, scheduling_pb2_grpc
-from accord.proto import scheduling_pb2 as pb
-
-_sched: Any = scheduling_pb2_grpc
-_agent: Any = agent_pb2_grpc
-TIMEOUT = 20.0
+from accord.client.sync import SyncClient
+from accord.client.tasklogs import check_request
 
 
-def print_logs(endpoints: list[str], job_id: str, rank: int, attempt: int, stderr: bool,
+def print_logs(c: SyncClient, job_id: str, rank: int, attempt: int, stderr: bool,
                follow: bool) -> int:
-    """Copy the task's output to stdout; 1 with a message when it cannot be found."""
-    info = common.first(endpoints, lambda ch: _sched.SchedulerStub(ch).GetJob(
-        pb.GetJobRequest(job_id=job_id), timeout=TIMEOUT))
-    node = next((t.node for t in info.task_status if t.rank == rank), "")
-    if not node:
-        print(f"accord jobs logs: job {job_id} has no rank {rank} placed yet "
-              f"({info.status})", file=sys.stderr)
+    """Copy the task's output to stdout; 1 with a message for a bad ``--rank`` or
+    ``--attempt`` (a job, rank or agent that cannot be found is a
+    :class:`~accord.client.errors.NotFound`, which the command reports)."""
+    stream = "stderr" if stderr else "stdout"
+    try:
+        check_request(stream, rank, attempt, 0)
+    except ValueError as e:
+        print(f"accord jobs logs: {e}", file=sys.stderr)
         return 1
-    nodes = common.first(endpoints, lambda ch: _sched.SchedulerStub(ch).ListNodes(
-        pb.ListNodesRequest(), timeout=TIMEOUT)).nodes
-    agent = next((n.agent_endpoint for n in nodes if n.spec.name == node), "")
-    if not agent:
-        print(f"accord jobs logs: node {node} has no agent serving logs", file=sys.stderr)
-        return 1
-    req = agent_pb2.ReadLogRequest(job_id=job_id, rank=rank, attempt=attempt,
-                                   stream="stderr" if stderr else "stdout", follow=follow)
     out = sys.stdout.buffer
-    with common.channel(agent, endpoints) as ch:  # its scheme says TLS or not
-        stream = _agent.AgentStub(ch).ReadLog(req, timeout=None if follow else TIMEOUT)
+    with c.scheduler.logs(job_id, rank=rank, attempt=attempt, stream=stream,
+                          follow=follow) as chunks:
         try:
-            for chunk in stream:
+            for chunk in chunks:
                 out.write(chunk.data)
                 out.flush()
         except KeyboardInterrupt:
-            stream.cancel()
+            pass
     return 0

@@ -1,9 +1,10 @@
 """`accord snapshot save|status|restore`: back a cluster up, look at a backup, restore it.
 
-* ``save FILE`` streams a member's backup (``Maintenance.Snapshot``, from the first of
-  ``--endpoints`` that answers; TLS with ``--cacert/--cert/--key`` as etcdctl) to ``FILE.part`` with a progress bar on a terminal,
-  checks it (SHA-256, pages, format) and only then renames it to ``FILE``: a file named
-  ``FILE`` is always a whole, checked backup;
+* ``save FILE`` streams a member's backup (``client.cluster.snapshot``:
+  ``Maintenance.Snapshot`` from the first of ``--endpoints`` that answers; TLS with
+  ``--cacert/--cert/--key`` as etcdctl) to ``FILE.part`` with a progress bar on a
+  terminal, checks it (SHA-256, pages, format) and only then renames it to ``FILE``: a
+  file named ``FILE`` is always a whole, checked backup;
 * ``status FILE`` checks a backup (accord's or etcd's) and prints its revision, keys,
   size and hash, as a table or ``--json`` (``hash``, ``revision``, ``totalKey``,
   ``totalSize`` are ``etcdctl snapshot status``'s figures for the same file);
@@ -22,19 +23,16 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
-
-import grpc
+from typing import IO
 
 from accord.cli import common
+from accord.client.errors import ClientError
 from accord.node.config import ConfigError, add_arguments, config_from_args
 from accord.node.restore import restore_data_dir
-from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.services.cluster import snapfile
 
-_stubs: Any = rpc_pb2_grpc  # the generated stubs carry no type annotations
 SAVE_TIMEOUT = 600.0
 """Seconds a whole save may take (the stream's deadline)."""
 _BAR = 30
@@ -49,43 +47,32 @@ def _bar(done: int, total: int, started: float, out: IO[str]) -> None:
     out.flush()
 
 
-def _stream(ch: grpc.Channel, part: Path, timeout: float, progress: IO[str] | None) -> int:
-    """Write the backup streamed from ``ch`` to ``part``; returns its revision."""
-    stub = _stubs.MaintenanceStub(ch)
-    started = time.monotonic()
-    done = 0
-    revision = 0
-    with open(part, "wb") as f:
-        for resp in stub.Snapshot(rpc_pb2.SnapshotRequest(), timeout=timeout):
-            f.write(resp.blob)
-            done += len(resp.blob)
-            revision = resp.header.revision
-            if progress is not None:
-                _bar(done, done + resp.remaining_bytes, started, progress)
-        f.flush()
-        os.fsync(f.fileno())
-    if progress is not None:
-        progress.write("\n")
-    return revision
-
-
 def _save(args: argparse.Namespace) -> int:
     dest = Path(args.file)
-    part = dest.with_name(dest.name + ".part")
-    progress = sys.stderr if sys.stderr.isatty() and not args.quiet else None
+    progress: Callable[[int, int], None] | None = None
+    if sys.stderr.isatty() and not args.quiet:
+        started = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            _bar(done, total, started, sys.stderr)
+    checked: list[snapfile.SnapshotFile] = []
+
+    def check(part: Path) -> None:
+        checked.append(snapfile.decode(part.read_bytes()))
+
     try:
-        common.first(common.from_args(args),
-                     lambda ch: _stream(ch, part, args.timeout, progress))
-        snap = snapfile.decode(part.read_bytes())
-    except grpc.RpcError as e:
-        part.unlink(missing_ok=True)
-        print(f"accord snapshot save: {e.code().name}: {e.details()}", file=sys.stderr)
+        with common.client(args) as c:
+            c.cluster.snapshot(dest, progress=progress, check=check, timeout=args.timeout)
+    except ClientError as e:
+        print(f"accord snapshot save: {e.code.name}: {e.message}", file=sys.stderr)
         return 1
     except snapfile.SnapshotFileError as e:
-        part.unlink(missing_ok=True)
         print(f"accord snapshot save: the member sent a bad backup: {e}", file=sys.stderr)
         return 1
-    os.replace(part, dest)
+    finally:
+        if progress is not None:
+            sys.stderr.write("\n")
+    snap = checked[0]
     print(f"Snapshot saved at {dest} (revision {snap.revision}, {len(snap.groups)} groups, "
           f"{dest.stat().st_size} bytes)")
     return 0

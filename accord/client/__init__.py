@@ -60,6 +60,7 @@ from accord.client.scheduling import (
     Device,
     Job,
     JobSpec,
+    Nic,
     Node,
     PlacementEvent,
     PlacementWatch,
@@ -68,6 +69,7 @@ from accord.client.scheduling import (
     TaskStatus,
 )
 from accord.client.session import Session
+from accord.client.tasklogs import LogChunk
 from accord.client.tls import TLSOptions, TLSOptionsError
 from accord.client.watch import Watch, WatchEvent
 
@@ -93,10 +95,12 @@ __all__ = [
     "LeaseNotFound",
     "Lock",
     "LockError",
+    "LogChunk",
     "Member",
     "MemberStatus",
     "MembershipEvent",
     "MembershipView",
+    "Nic",
     "NoLeader",
     "Node",
     "NotFound",

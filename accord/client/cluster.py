@@ -10,6 +10,7 @@ requires.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import os
@@ -244,17 +245,25 @@ class ClusterApi:
 
     async def snapshot(self, path: str | os.PathLike[str], *, endpoint: str | None = None,
                        progress: Callable[[int, int], None] | None = None,
+                       check: Callable[[Path], object] | None = None,
                        timeout: float | None = 300.0) -> SnapshotInfo:
         """Stream a snapshot of the member at ``endpoint`` into ``path``.
 
+        Without ``endpoint`` the snapshot comes from the current endpoint, or the next
+        that answers (a snapshot is a read: taking it again elsewhere is safe).
         ``progress(received, total)`` is called after every chunk. The file is written
-        next to ``path`` and renamed into place once complete, so ``path`` never holds
-        a partial snapshot."""
-        ep = endpoint or self._pool.current
+        next to ``path`` (``path + ".part"``), fsynced, given to ``check(part)`` if one
+        is passed (in a worker thread: say, decoding it to prove it whole), and only
+        then renamed into place, so ``path`` never holds a partial or unchecked
+        snapshot; whatever ``check`` raises is raised here, with the part removed."""
         dest = Path(path)
         part = dest.with_name(dest.name + ".part")
+        source = ""
 
         async def call(ch: grpc.aio.Channel, t: float) -> tuple[int, int]:
+            nonlocal source
+            source = self._pool.current if endpoint is None else normalize(endpoint,
+                                                                           self._pool.tls)
             received, revision = 0, 0
             stream = _rpc.MaintenanceStub(ch).Snapshot(rpc_pb2.SnapshotRequest(), timeout=t)
             with part.open("wb") as f:
@@ -269,12 +278,17 @@ class ClusterApi:
             return received, revision
 
         try:
-            size, revision = await self._pool.call_at(ep, call, timeout=timeout)
+            if endpoint is None:
+                size, revision = await self._pool.call(call, idempotent=True, timeout=timeout)
+            else:
+                size, revision = await self._pool.call_at(endpoint, call, timeout=timeout)
+            if check is not None:
+                await asyncio.to_thread(check, part)
         except BaseException:
             part.unlink(missing_ok=True)
             raise
         part.replace(dest)
-        return SnapshotInfo(dest, size, revision, normalize(ep, self._pool.tls))
+        return SnapshotInfo(dest, size, revision, source)
 
     async def move_leader(self, target_id: int, *, timeout: float | None = None) -> None:
         """Hand leadership to the member ``target_id`` (asked of the current leader)."""

@@ -37,7 +37,8 @@ from typing import Any
 
 import grpc
 
-from accord.client.errors import ClientError, Unavailable
+from accord.client.errors import ClientError, NotFound, Unavailable
+from accord.client.tasklogs import LogChunk, check_request, read_log
 from accord.client.transport import EndpointPool
 from accord.proto import scheduling_pb2 as pb
 from accord.proto import scheduling_pb2_grpc
@@ -164,6 +165,13 @@ class TaskLaunch:
         return cls(int(t.rank), t.host, t.address, tuple(t.devices), t.vendor,
                    tuple(t.numa_nodes), t.cpus, tuple(t.nics), dict(t.env), tuple(t.argv))
 
+    def to_pb(self) -> pb.TaskLaunch:
+        """The wire message."""
+        return pb.TaskLaunch(rank=self.rank, host=self.host, address=self.address,
+                             devices=list(self.devices), vendor=self.vendor,
+                             numa_nodes=list(self.numa_nodes), cpus=self.cpus,
+                             nics=list(self.nics), env=dict(self.env), argv=list(self.argv))
+
 
 @dataclass(frozen=True, slots=True)
 class TaskStatus:
@@ -184,6 +192,14 @@ class TaskStatus:
         """From the wire message."""
         return cls(int(t.rank), t.node, t.state, float(t.start_time), float(t.end_time),
                    int(t.exit_code) if t.HasField("exit_code") else None, t.reason)
+
+    def to_pb(self) -> pb.TaskStatus:
+        """The wire message."""
+        m = pb.TaskStatus(rank=self.rank, node=self.node, state=self.state,
+                          start_time=self.start_time, end_time=self.end_time, reason=self.reason)
+        if self.exit_code is not None:
+            m.exit_code = self.exit_code
+        return m
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +234,15 @@ class Job:
                    int(j.requeues), j.reason, tuple(TaskStatus.from_pb(t) for t in j.task_status),
                    int(j.failures))
 
+    def to_pb(self) -> pb.JobInfo:
+        """The wire message (what ``accord jobs show --json`` prints)."""
+        return pb.JobInfo(spec=self.spec.to_pb(), status=self.status,
+                          tasks=[t.to_pb() for t in self.tasks], start_time=self.start_time,
+                          end_time=self.end_time, master_port=self.master_port,
+                          starts=self.starts, requeues=self.requeues, reason=self.reason,
+                          task_status=[t.to_pb() for t in self.task_status],
+                          failures=self.failures)
+
 
 @dataclass(frozen=True, slots=True)
 class PlacementEvent:
@@ -230,12 +255,50 @@ class PlacementEvent:
     reason: str
     tasks: tuple[TaskLaunch, ...]
     """For ``placed``: each rank's launch facts."""
+    attempt: int = 0
+    """The job's ``starts``: a placement's new attempt, the attempt others ended."""
+    spec: JobSpec | None = None
+    """For ``placed``: the job (its command, workdir, grace)."""
 
     @classmethod
     def from_pb(cls, e: pb.PlacementEvent) -> PlacementEvent:
         """From the wire message."""
         return cls(int(e.index), e.kind, e.job_id, e.reason,
-                   tuple(TaskLaunch.from_pb(t) for t in e.tasks))
+                   tuple(TaskLaunch.from_pb(t) for t in e.tasks), int(e.attempt),
+                   JobSpec.from_pb(e.spec) if e.HasField("spec") else None)
+
+    def to_pb(self) -> pb.PlacementEvent:
+        """The wire message (what ``accord jobs watch --json`` prints)."""
+        m = pb.PlacementEvent(index=self.index, kind=self.kind, job_id=self.job_id,
+                              reason=self.reason, tasks=[t.to_pb() for t in self.tasks],
+                              attempt=self.attempt)
+        if self.spec is not None:
+            m.spec.CopyFrom(self.spec.to_pb())
+        return m
+
+
+AttributeValue = str | int | float | bool
+"""A device attribute's value (the wire's ``text``, ``integer``, ``number`` or ``flag``)."""
+
+
+def _attribute_value(a: pb.Attribute) -> AttributeValue | None:
+    which = a.WhichOneof("value")
+    if which is None:
+        return None
+    v: AttributeValue = getattr(a, which)
+    return v
+
+
+def _attribute_pb(name: str, v: AttributeValue | None) -> pb.Attribute:
+    if v is None:
+        return pb.Attribute(name=name)
+    if isinstance(v, bool):  # before int: a bool is an int
+        return pb.Attribute(name=name, flag=v)
+    if isinstance(v, int):
+        return pb.Attribute(name=name, integer=v)
+    if isinstance(v, float):
+        return pb.Attribute(name=name, number=v)
+    return pb.Attribute(name=name, text=v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,12 +315,30 @@ class Device:
     island: int
     pcie_switch: int
     numa: int
+    attributes: tuple[tuple[str, AttributeValue | None], ...] = ()
+    """Further facts selectors can test, as (name, value) in the node's order."""
 
     @classmethod
     def from_pb(cls, d: pb.Device) -> Device:
         """From the wire message."""
         return cls(int(d.index), d.vendor, d.model, int(d.memory), d.arch, float(d.capability),
-                   int(d.island), int(d.pcie_switch), int(d.numa))
+                   int(d.island), int(d.pcie_switch), int(d.numa),
+                   tuple((a.name, _attribute_value(a)) for a in d.attributes))
+
+    def to_pb(self) -> pb.Device:
+        """The wire message."""
+        return pb.Device(index=self.index, vendor=self.vendor, model=self.model,
+                         memory=self.memory, arch=self.arch, capability=self.capability,
+                         island=self.island, pcie_switch=self.pcie_switch, numa=self.numa,
+                         attributes=[_attribute_pb(k, v) for k, v in self.attributes])
+
+
+@dataclass(frozen=True, slots=True)
+class Nic:
+    """A network interface of a node and its NUMA node."""
+
+    name: str
+    numa: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +360,11 @@ class Node:
     unhealthy: tuple[int, ...]
     """Indices of devices reported failed."""
     running_jobs: tuple[str, ...]
+    agent_endpoint: str = ""
+    """Where the node's agent serves task logs (its scheme says TLS or not); "" if none."""
+    numa_cpus: tuple[str, ...] = ()
+    """CPU list per NUMA node, e.g. ``"0-55,112-167"``."""
+    nics: tuple[Nic, ...] = ()
 
     @property
     def state(self) -> str:
@@ -291,7 +377,21 @@ class Node:
         s = n.spec
         return cls(s.name, s.address, tuple(Device.from_pb(d) for d in s.devices),
                    int(s.cpu_milli), int(s.memory_mib), s.leaf, s.spine, s.block, n.alive,
-                   n.drained, float(n.last_heartbeat), tuple(n.unhealthy), tuple(n.running_jobs))
+                   n.drained, float(n.last_heartbeat), tuple(n.unhealthy), tuple(n.running_jobs),
+                   n.agent_endpoint, tuple(s.numa_cpus),
+                   tuple(Nic(x.name, int(x.numa)) for x in s.nics))
+
+    def to_pb(self) -> pb.NodeInfo:
+        """The wire message (what ``accord nodes ls --json`` prints)."""
+        spec = pb.NodeSpec(name=self.name, address=self.address, cpu_milli=self.cpu_milli,
+                           memory_mib=self.memory_mib, devices=[d.to_pb() for d in self.devices],
+                           numa_cpus=list(self.numa_cpus),
+                           nics=[pb.Nic(name=x.name, numa=x.numa) for x in self.nics],
+                           leaf=self.leaf, spine=self.spine, block=self.block)
+        return pb.NodeInfo(spec=spec, alive=self.alive, drained=self.drained,
+                           last_heartbeat=self.last_heartbeat, unhealthy=list(self.unhealthy),
+                           running_jobs=list(self.running_jobs),
+                           agent_endpoint=self.agent_endpoint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,6 +474,41 @@ class SchedulerApi:
         w = PlacementWatch(self._pool, job_id, start_index, self._watches.discard)
         self._watches.add(w)
         return w
+
+    async def log_endpoint(self, job_id: str, rank: int = 0, *,
+                           timeout: float | None = None) -> str:
+        """Where the agent that ran ``job_id``'s task ``rank`` serves its logs.
+
+        :class:`~accord.client.errors.NotFound` when the job is unknown, the rank was
+        never placed, or its node has no agent serving logs."""
+        job = await self.get(job_id, timeout=timeout)
+        node = next((t.node for t in job.task_status if t.rank == rank), "")
+        if not node:
+            raise NotFound(grpc.StatusCode.NOT_FOUND,
+                           f"job {job_id} has no rank {rank} placed yet ({job.status})",
+                           endpoint=self._pool.current,
+                           hint="wait for the placement (`accord jobs watch JOB`)")
+        agent = next((n.agent_endpoint for n in await self.nodes(timeout=timeout)
+                      if n.name == node), "")
+        if not agent:
+            raise NotFound(grpc.StatusCode.NOT_FOUND,
+                           f"node {node} has no agent serving logs",
+                           endpoint=self._pool.current,
+                           hint="logs are read through the node's `accord nodes agent`")
+        return agent
+
+    async def logs(self, job_id: str, *, rank: int = 0, attempt: int = 0,
+                   stream: str = "stdout", offset: int = 0, follow: bool = False,
+                   timeout: float | None = None) -> AsyncIterator[LogChunk]:
+        """A task's ``stdout`` or ``stderr`` as :class:`~accord.client.tasklogs.LogChunk` s,
+        read through the agent of the node it ran on (see :mod:`accord.client.tasklogs`):
+        ``attempt`` 0 is the newest, ``follow`` waits for more until the task ends."""
+        check_request(stream, rank, attempt, offset)
+        agent = await self.log_endpoint(job_id, rank)
+        async for chunk in read_log(self._pool, agent, job_id, rank=rank, attempt=attempt,
+                                    stream=stream, offset=offset, follow=follow,
+                                    timeout=timeout):
+            yield chunk
 
     async def status(self, *, timeout: float | None = None) -> SchedulerStatus:
         """Who leads the scheduling shard, as the current endpoint sees it."""

@@ -23,6 +23,7 @@ import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -60,6 +61,7 @@ from accord.client.scheduling import (
     PlacementWatch,
     SchedulerStatus,
 )
+from accord.client.tasklogs import LogChunk
 from accord.client.watch import Watch, WatchEvent
 from accord.proto import rpc_pb2, scheduling_pb2
 
@@ -80,7 +82,12 @@ class _Loop:
         if self.loop.is_closed():
             coro.close()
             raise RuntimeError("the sync client is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except BaseException:
+            fut.cancel()  # Ctrl-C (or a timeout) here ends the coroutine there too
+            raise
 
     def stop(self) -> None:
         """Stop and close the loop (after its last coroutine ran)."""
@@ -247,10 +254,11 @@ class SyncClusterApi:
 
     def snapshot(self, path: str | os.PathLike[str], *, endpoint: str | None = None,
                  progress: Callable[[int, int], None] | None = None,
+                 check: Callable[[Path], object] | None = None,
                  timeout: float | None = 300.0) -> SnapshotInfo:
         """See :meth:`ClusterApi.snapshot` (``progress`` runs on the loop thread)."""
         return self._loop.run(self._a.snapshot(path, endpoint=endpoint, progress=progress,
-                                               timeout=timeout))
+                                               check=check, timeout=timeout))
 
     def move_leader(self, target_id: int, *, timeout: float | None = None) -> None:
         """See :meth:`ClusterApi.move_leader`."""
@@ -303,6 +311,18 @@ class SyncSchedulerApi:
         """See :meth:`SchedulerApi.watch_placements`."""
         w: PlacementWatch = self._a.watch_placements(job_id, start_index=start_index)
         return SyncIterator(self._loop, w.__aiter__(), w.close)
+
+    def log_endpoint(self, job_id: str, rank: int = 0, *, timeout: float | None = None) -> str:
+        """See :meth:`SchedulerApi.log_endpoint`."""
+        return self._loop.run(self._a.log_endpoint(job_id, rank, timeout=timeout))
+
+    def logs(self, job_id: str, *, rank: int = 0, attempt: int = 0, stream: str = "stdout",
+             offset: int = 0, follow: bool = False,
+             timeout: float | None = None) -> SyncIterator[LogChunk]:
+        """See :meth:`SchedulerApi.logs`."""
+        return SyncIterator(self._loop, self._a.logs(
+            job_id, rank=rank, attempt=attempt, stream=stream, offset=offset, follow=follow,
+            timeout=timeout))
 
     def status(self, *, timeout: float | None = None) -> SchedulerStatus:
         """See :meth:`SchedulerApi.status`."""
