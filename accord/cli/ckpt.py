@@ -33,8 +33,7 @@ from accord.client.checkpoints import Checkpoints
 from accord.client.client import AccordClient
 from accord.client.errors import ClientError
 from accord.proto import checkpoints_pb2 as pb
-from accord.services.checkpoints.model import Checksum, Location, Shard
-from accord.services.checkpoints.verify import ShardCheck, verify
+from accord.services.checkpoints.verify import ShardCheck
 
 TIMEOUT = 20.0
 
@@ -70,35 +69,28 @@ def _table(rows: list[list[str]], out: TextIO = sys.stdout) -> None:
 class Progress:
     """A progress bar on stderr (redrawn in place on a terminal, else a line per 10%)."""
 
-    def __init__(self, total: int, out: TextIO = sys.stderr, width: int = 30) -> None:
-        self.total, self.done, self.bad = max(total, 1), 0, 0
+    def __init__(self, out: TextIO = sys.stderr, width: int = 30) -> None:
+        self.bad = 0
         self.out, self.width = out, width
         self.tty = out.isatty()
         self._last_decile = -1
 
-    def step(self, check: ShardCheck) -> None:
-        self.done += 1
+    def step(self, check: ShardCheck, done: int, total: int) -> None:
         self.bad += 0 if check.ok else 1
-        frac = self.done / self.total
-        if not self.tty and int(frac * 10) == self._last_decile and self.done < self.total:
+        total = max(total, 1)
+        frac = done / total
+        if not self.tty and int(frac * 10) == self._last_decile and done < total:
             return
         self._last_decile = int(frac * 10)
         filled = round(frac * self.width)
         bar = "#" * filled + "-" * (self.width - filled)
-        line = f"verify [{bar}] {self.done}/{self.total} shards, {self.bad} bad"
+        line = f"verify [{bar}] {done}/{total} shards, {self.bad} bad"
         print(("\r" + line) if self.tty else line, end="" if self.tty else "\n",
               file=self.out, flush=True)
 
     def close(self) -> None:
         if self.tty:
             print(file=self.out)
-
-
-def _shard_model(s: pb.Shard) -> Shard:
-    locs = tuple(Location(loc.uri, str(pb.Tier.Name(loc.tier)).lower())
-                 for loc in s.locations) or (Location(s.uri, ""),)
-    return Shard(s.shard_id, s.rank, s.size, Checksum(s.checksum.algorithm, s.checksum.digest),
-                 locs)
 
 
 async def _ls(c: Checkpoints, a: argparse.Namespace) -> int:
@@ -217,13 +209,13 @@ async def _pin(c: Checkpoints, a: argparse.Namespace) -> int:
 
 
 async def _verify(c: Checkpoints, a: argparse.Namespace) -> int:
-    m = await c.manifest(a.job, a.step)
-    shards = [_shard_model(s) for s in m.shards]
-    total = sum(len(s.locations) if a.all_locations else 1 for s in shards)
-    bar = Progress(total)
-    results = await asyncio.to_thread(verify, shards, all_locations=a.all_locations,
-                                      workers=a.workers, progress=bar.step)
-    bar.close()
+    bar = Progress()
+    try:
+        report = await c.verify(a.job, a.step, all_locations=a.all_locations,
+                                workers=a.workers, progress=bar.step)
+    finally:
+        bar.close()
+    m, results = report.manifest, report.checks
     bad = [r for r in results if not r.ok]
     if a.json:
         print(json.dumps({"job": m.job, "step": m.step, "checked": len(results),

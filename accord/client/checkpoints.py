@@ -19,8 +19,10 @@ answer applies once. Training code usually goes through
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -29,6 +31,8 @@ from accord.client.errors import from_rpc_error
 from accord.client.transport import EndpointPool
 from accord.proto import checkpoints_pb2 as pb
 from accord.proto import checkpoints_pb2_grpc
+from accord.services.checkpoints.model import Checksum, Location, Shard
+from accord.services.checkpoints.verify import ShardCheck, verify
 
 _grpc: Any = checkpoints_pb2_grpc
 T = TypeVar("T")
@@ -55,6 +59,34 @@ def shard_message(d: dict[str, Any]) -> pb.Shard:
         tensors=[pb.TensorSlice(name=n, global_shape=g, offsets=o, sizes=s, dtype=t)
                  for n, g, o, s, t in d.get("tensors", [])],
         locations=[pb.Location(uri=u, tier=TIERS[t]) for u, t in d.get("locations", [])])
+
+
+def shard_model(s: pb.Shard) -> Shard:
+    """A manifest's ``Shard`` message as the verifier's model (every location, primary
+    first; a shard registered without locations has its ``uri`` as the only one)."""
+    locs = tuple(Location(loc.uri, str(pb.Tier.Name(loc.tier)).lower())
+                 for loc in s.locations) or (Location(s.uri, ""),)
+    return Shard(s.shard_id, s.rank, s.size, Checksum(s.checksum.algorithm, s.checksum.digest),
+                 locs)
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What :meth:`Checkpoints.verify` found: the manifest, and a verdict per copy read."""
+
+    manifest: pb.Manifest
+    checks: tuple[ShardCheck, ...]
+    """In shard order; ``status`` ok, missing, unreadable, size or checksum."""
+
+    @property
+    def bad(self) -> tuple[ShardCheck, ...]:
+        """The copies that are not whole and unchanged."""
+        return tuple(c for c in self.checks if not c.ok)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every copy read matched its registered size and checksum."""
+        return not self.bad
 
 
 class Checkpoints:
@@ -120,6 +152,31 @@ class Checkpoints:
         """The job's latest committed step, or None."""
         resp = await self.steps(job, states=["committed"])
         return resp.job.latest if resp.job.HasField("latest") else None
+
+    async def verify(self, job: str, step: int | None = None, *, all_locations: bool = False,
+                     workers: int = 8,
+                     progress: Callable[[ShardCheck, int, int], None] | None = None
+                     ) -> VerifyReport:
+        """Read a step's shards back from storage (through fsspec, on ``workers`` threads)
+        and compare each with its registered size and checksum (default step: the latest
+        committed). ``all_locations`` checks every copy, not only the primary;
+        ``progress(check, done, total)`` is called after each copy (from a worker
+        thread). Nothing is changed, on the cluster or in storage."""
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        m = await self.manifest(job, step)
+        shards = [shard_model(s) for s in m.shards]
+        total = sum(len(s.locations) if all_locations else 1 for s in shards)
+        done = 0
+
+        def one(check: ShardCheck) -> None:
+            nonlocal done
+            done += 1
+            if progress is not None:
+                progress(check, done, total)
+        checks = await asyncio.to_thread(verify, shards, all_locations=all_locations,
+                                         workers=workers, progress=one)
+        return VerifyReport(m, tuple(checks))
 
     async def steps(self, job: str, states: Sequence[str] = ()) -> pb.ListStepsResponse:
         """The job's summary and its steps (optionally only those in ``states``)."""

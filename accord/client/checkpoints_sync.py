@@ -15,8 +15,9 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, BinaryIO, TypeVar
 
 from accord.client.checkpoint_writer import ShardWriter
-from accord.client.checkpoints import Checkpoints
+from accord.client.checkpoints import Checkpoints, VerifyReport
 from accord.proto import checkpoints_pb2 as pb
+from accord.services.checkpoints.verify import ShardCheck
 
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]
@@ -97,6 +98,14 @@ class SyncCheckpoints:
     def latest(self, job: str) -> int | None:
         """See :meth:`Checkpoints.latest`."""
         out: int | None = self._run(self.async_.latest(job))
+        return out
+
+    def verify(self, job: str, step: int | None = None, *, all_locations: bool = False,
+               workers: int = 8,
+               progress: Callable[[ShardCheck, int, int], None] | None = None) -> VerifyReport:
+        """See :meth:`Checkpoints.verify`."""
+        out: VerifyReport = self._run(self.async_.verify(
+            job, step, all_locations=all_locations, workers=workers, progress=progress))
         return out
 
     def steps(self, job: str, states: Sequence[str] = ()) -> pb.ListStepsResponse:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -67,6 +68,9 @@ from accord.proto import rpc_pb2, scheduling_pb2
 
 T = TypeVar("T")
 
+WAKE_S = 0.2
+"""How often a blocked call wakes to let the main thread handle a signal (Ctrl-C)."""
+
 
 class _Loop:
     """The loop thread every sync object of one client submits its coroutines to."""
@@ -83,8 +87,17 @@ class _Loop:
             coro.close()
             raise RuntimeError("the sync client is closed")
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            return fut.result(timeout)
+            while True:
+                # Short waits: a signal (Ctrl-C) may be delivered to one of gRPC's
+                # threads, and the main thread runs its handler only once it wakes up.
+                left = WAKE_S if deadline is None else min(WAKE_S, deadline - time.monotonic())
+                try:
+                    return fut.result(max(left, 0.0))
+                except TimeoutError:
+                    if fut.done() or (deadline is not None and time.monotonic() >= deadline):
+                        raise  # the coroutine's own TimeoutError, or ours
         except BaseException:
             fut.cancel()  # Ctrl-C (or a timeout) here ends the coroutine there too
             raise

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import fsspec
 import numpy as np
+import pytest
 from safetensors.numpy import load
 
 from accord.client import AccordClient
 from accord.client.checkpoint_writer import CheckpointCoordinator
+from accord.client.sync import SyncClient
 from tests.checkpoints.rank_worker import COLS, ROWS, arrays
 from tests.checkpoints.test_cluster import TTL
 from tests.integration.cluster import ProcCluster
@@ -105,6 +107,19 @@ async def test_ranks_write_register_commit_and_a_loader_reshards(cluster: ProcCl
     assert report == {"rank-1": "size", "rank-2": "checksum"}
     table = ckpt_cli(cluster, "verify", job)
     assert table.returncode == 1 and "2 of 4 shard copies are bad" in table.stdout
+    # The same verdicts from Python: client.checkpoints.verify, what the command prints.
+    async with AccordClient(cluster.endpoints) as client:
+        seen: list[tuple[int, int]] = []
+        rep = await client.checkpoints.verify(
+            job, progress=lambda check, done, total: seen.append((done, total)))
+        assert rep.manifest.step == 300 and len(rep.checks) == WORLD and not rep.ok
+        assert {b.shard_id: b.status for b in rep.bad} == {"rank-1": "size", "rank-2": "checksum"}
+        assert seen == [(i, WORLD) for i in range(1, WORLD + 1)]
+        assert (await client.checkpoints.verify(job, 100)).ok  # an older step is untouched
+        with pytest.raises(ValueError, match="workers must be >= 1"):
+            await client.checkpoints.verify(job, workers=0)
+    with SyncClient(cluster.endpoints) as sync:
+        assert len(sync.checkpoints.verify(job, all_locations=True).bad) == 2
 
     # Retention: keep the last one; step 100 is pinned, so only 200 goes.
     async with AccordClient(cluster.endpoints) as client:

@@ -205,3 +205,31 @@ async def test_errors_say_which_endpoint_failed_and_what_to_try(c: Any, ns: str)
         assert e.value.endpoint == f"127.0.0.1:{dead}" and "reachable" in e.value.hint
     finally:
         await r(other.close())
+
+
+async def test_snapshot_fails_over_and_renames_only_a_checked_file(c: Any, endpoint: str,
+                                                                   tmp_path: Path) -> None:
+    (dead,) = free_ports(1)
+    kind = AccordClient if isinstance(c, AccordClient) else SyncClient
+    other = kind([f"127.0.0.1:{dead}", endpoint], call_timeout_s=2.0, retry_budget_s=10.0)
+    try:
+        # no endpoint named: the first that answers gives it (a snapshot is a read)
+        seen: list[Path] = []
+        snap = await r(other.cluster.snapshot(tmp_path / "a.db", check=seen.append))
+        assert snap.endpoint == endpoint and snap.size == (tmp_path / "a.db").stat().st_size
+        assert seen == [tmp_path / "a.db.part"]  # checked before the rename
+
+        def refuse(part: Path) -> None:
+            assert part.stat().st_size == snap.size
+            raise ValueError("not a backup I like")
+
+        with pytest.raises(ValueError, match="not a backup I like"):
+            await r(other.cluster.snapshot(tmp_path / "b.db", check=refuse))
+        assert not (tmp_path / "b.db").exists() and not (tmp_path / "b.db.part").exists()
+        # a member named explicitly is asked alone: a dead one is an error naming it
+        with pytest.raises(Unavailable) as e:
+            await r(other.cluster.snapshot(tmp_path / "c.db", endpoint=f"127.0.0.1:{dead}"))
+        assert e.value.endpoint == f"127.0.0.1:{dead}"
+        assert not (tmp_path / "c.db").exists() and not (tmp_path / "c.db.part").exists()
+    finally:
+        await r(other.close())

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from accord.client import AccordClient, NotFound
+from accord.client.sync import SyncClient
 from accord.proto import scheduling_pb2 as pb
 from tests.integration.cluster import ProcCluster
 from tests.integration.test_scheduling_cluster import call, job, shard_leader, wait_for
@@ -222,6 +224,48 @@ def test_torchrun_shaped_rendezvous_over_tcp(world: tuple[ProcCluster, Agents],
     assert {t.node for t in tasks(c, jid)} == {"cpu-a", "cpu-b"}
     assert cli(c, "jobs", "logs", jid, "--rank", "0").strip() == "master saw ranks [1]"
     assert cli(c, "jobs", "logs", jid, "--rank", "1").strip() == "hello 1 of 2"
+
+
+BOTH_STREAMS = """
+import sys
+print("out line", flush=True)
+print("err line", file=sys.stderr, flush=True)
+"""
+
+
+async def test_the_client_reads_a_tasks_logs_through_its_agent(
+        world: tuple[ProcCluster, Agents], tmp_path: Path) -> None:
+    """``client.scheduler.logs`` (what `accord jobs logs` prints) against real agents:
+    both streams, from an offset, the agent it went to, and clear errors."""
+    c, _ = world
+    prog = script(tmp_path, "both.py", BOTH_STREAMS)
+    jid = submit(c, "--id", "client-logs", "--gpus", "0", "--cpu-milli", str(CPU_TASK),
+                 "--", PY, prog)
+    wait_for(lambda: status(c, jid) == "succeeded", "the job to succeed", 60)
+    (ran,) = tasks(c, jid)
+    async with AccordClient(c.endpoints.split(","), call_timeout_s=10.0) as client:
+        agent = await client.scheduler.log_endpoint(jid)
+        assert agent == {n.name: n for n in await client.scheduler.nodes()}[
+            ran.node].agent_endpoint and agent.startswith("http://")
+        chunks = [ch async for ch in client.scheduler.logs(jid)]
+        assert b"".join(ch.data for ch in chunks) == b"out line\n"
+        assert chunks[0].offset == 0 and chunks[0].attempt == 1 and chunks[-1].end == 9
+        err = [ch.data async for ch in client.scheduler.logs(jid, stream="stderr")]
+        assert b"".join(err) == b"err line\n"
+        rest = [ch async for ch in client.scheduler.logs(jid, offset=4)]
+        assert b"".join(ch.data for ch in rest) == b"line\n" and rest[0].offset == 4
+        with pytest.raises(NotFound, match="no rank 3 placed yet"):
+            _ = [ch async for ch in client.scheduler.logs(jid, rank=3)]
+        with pytest.raises(NotFound, match="does not exist"):
+            _ = [ch async for ch in client.scheduler.logs("no-such-job")]
+        with pytest.raises(NotFound, match="no log of job") as e:  # the agent's answer
+            _ = [ch async for ch in client.scheduler.logs(jid, attempt=7)]
+        assert e.value.endpoint == agent.removeprefix("http://")
+        with pytest.raises(ValueError, match="stream must be one of"):
+            _ = [ch async for ch in client.scheduler.logs(jid, stream="stdin")]
+    with SyncClient(c.endpoints.split(","), call_timeout_s=10.0) as sync, \
+            sync.scheduler.logs(jid, stream="stderr", follow=True) as followed:
+        assert b"".join(ch.data for ch in followed) == b"err line\n"  # ended: follow stops
 
 
 def test_one_rank_exiting_1_fails_the_job_and_stops_the_other(world: tuple[ProcCluster, Agents],
