@@ -94,12 +94,22 @@ class Checkpoints:
 
     def __init__(self, pool: EndpointPool) -> None:
         self.pool = pool
+        self._stubs: dict[grpc.aio.Channel, Any] = {}
+        """One stub per channel (a stub builds a callable for each of the service's
+        methods: per call, that cost as much as the call's own Python work)."""
+
+    def _stub(self, ch: grpc.aio.Channel) -> Any:
+        stub = self._stubs.get(ch)
+        if stub is None:
+            if len(self._stubs) >= 64:  # channels the pool closed and opened again
+                self._stubs.clear()
+            stub = self._stubs[ch] = _grpc.CheckpointsStub(ch)
+        return stub
 
     async def _unary(self, method: str, request: Any, answer: type[T],
                      timeout: float | None = None) -> T:
         async def call(ch: grpc.aio.Channel, t: float) -> T:
-            out: T = await getattr(_grpc.CheckpointsStub(ch), method)(request,
-                                                                     timeout=timeout or t)
+            out: T = await getattr(self._stub(ch), method)(request, timeout=timeout or t)
             if not isinstance(out, answer):
                 raise TypeError(f"{method} answered {type(out).__name__}, not {answer.__name__}")
             return out
@@ -194,8 +204,7 @@ class Checkpoints:
         One stream to one member, ended after ``timeout`` seconds if given (a restarting
         job waits on it: ``async for step in watch_latest(job): if step is not None``)."""
         ch = self.pool.channel()
-        call = _grpc.CheckpointsStub(ch).WatchLatest(pb.WatchLatestRequest(job=job),
-                                                     timeout=timeout)
+        call = self._stub(ch).WatchLatest(pb.WatchLatestRequest(job=job), timeout=timeout)
         try:
             async for msg in call:
                 yield msg.latest if msg.HasField("latest") else None

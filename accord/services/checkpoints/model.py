@@ -235,7 +235,10 @@ class TensorSlice:
             ok = False
         if not ok:
             raise CheckpointError(_tensor_problem(w, what))
-        return [name, list(shape), list(offsets), list(sizes),
+        # The index is packed at once, so lists the caller built are taken as they are.
+        return [name, shape if type(shape) is list else list(shape),
+                offsets if type(offsets) is list else list(offsets),
+                sizes if type(sizes) is list else list(sizes),
                 dtype[:32] if type(dtype) is str else ""]
 
 
@@ -364,39 +367,78 @@ class Shard:
     @classmethod
     def from_wire(cls, d: Any) -> Shard:
         """A shard from a register command, validated (``tensors`` as entry lists)."""
-        sid = _name(_field(d, "shard_id", str, "shard"), "shard id")
+        sid = _field(d, "shard_id", str, "shard")
         what = f"shard {sid!r}"
-        rank = _field(d, "rank", int, what)
-        if rank < 0:
-            raise CheckpointError(f"{what}: rank {rank} is negative")
-        size = _field(d, "size", int, what)
-        if size < 0:
-            raise CheckpointError(f"{what}: size {size} is negative")
-        checksum = Checksum.from_wire(_field(d, "checksum", (list, tuple, dict), what), what)
         locs_w = list(_field(d, "locations", (list, tuple), what, []))
         if d.get("uri"):
             locs_w.insert(0, [d["uri"], d.get("tier") or ""])
-        if not locs_w:
+        return cls.checked(sid, _field(d, "rank", int, what), _field(d, "size", int, what),
+                           _field(d, "checksum", (list, tuple, dict), what), locs_w,
+                           _field(d, "tensors", (list, tuple), what, []))
+
+    @classmethod
+    def checked(cls, sid: str, rank: int, size: int, checksum: Any, locations: list[Any],
+                tensors: Any) -> Shard:
+        """A shard from its parts, each validated (the servicer calls this with the parts
+        of a protobuf ``Shard``, whose types protobuf has already checked)."""
+        _name(sid, "shard id")
+        what = f"shard {sid!r}"
+        if rank < 0:
+            raise CheckpointError(f"{what}: rank {rank} is negative")
+        if size < 0:
+            raise CheckpointError(f"{what}: size {size} is negative")
+        sum_ = Checksum.from_wire(checksum, what)
+        if not locations:
             raise CheckpointError(f"{what}: no uri: a shard needs at least one location")
-        if len(locs_w) > MAX_LOCATIONS:
-            raise CheckpointError(f"{what}: {len(locs_w)} locations; at most {MAX_LOCATIONS}")
+        if len(locations) > MAX_LOCATIONS:
+            raise CheckpointError(f"{what}: {len(locations)} locations; at most {MAX_LOCATIONS}")
         locs: list[Location] = []
-        for w in locs_w:
+        for w in locations:
             loc = Location.from_wire(w, what)
             if all(x.uri != loc.uri for x in locs):
                 locs.append(loc)
-        tensors_w = _field(d, "tensors", (list, tuple), what, [])
-        if len(tensors_w) > MAX_TENSORS_PER_SHARD:
-            raise CheckpointError(f"{what}: {len(tensors_w)} tensor entries; at most "
+        if len(tensors) > MAX_TENSORS_PER_SHARD:
+            raise CheckpointError(f"{what}: {len(tensors)} tensor entries; at most "
                                   f"{MAX_TENSORS_PER_SHARD}", "too_large")
-        index = [TensorSlice.check(t, what) for t in tensors_w]
+        index = [TensorSlice.check(t, what) for t in tensors]
         packed = bytes(msgpack.packb(index, use_bin_type=True)) if index else b""
-        return cls(sid, rank, size, checksum, tuple(locs), packed)
+        return cls(sid, rank, size, sum_, tuple(locs), packed)
+
+    def to_cmd(self) -> list[Any]:
+        """The compact form a register command carries once the proposing member has
+        validated the shard: ``[shard_id, rank, size, algorithm, digest, [uri, tier,
+        ...], index]`` (lists decode faster than keyed maps, and the tensor index stays
+        packed, so no replica decodes or checks it again)."""
+        locs: list[str] = []
+        for loc in self.locations:
+            locs += (loc.uri, loc.tier)
+        return [self.shard_id, self.rank, self.size, self.checksum.algorithm,
+                self.checksum.digest, locs, self.index]
+
+    @classmethod
+    def from_cmd(cls, w: Any) -> Shard:
+        """A shard from :meth:`to_cmd`'s form, which the proposing member validated with
+        :meth:`from_wire`: only its structure is checked here (a malformed command is
+        refused the same way on every replica, never half-applied)."""
+        try:
+            sid, rank, size, algo, digest, locs, index = w
+            if (type(sid) is str and type(rank) is int and type(size) is int
+                    and type(algo) is str and type(digest) is str and type(index) is bytes
+                    and type(locs) is list and locs and len(locs) % 2 == 0):
+                where = ((Location(locs[0], locs[1]),) if len(locs) == 2 else
+                         tuple(Location(locs[i], locs[i + 1]) for i in range(0, len(locs), 2)))
+                return cls(sid, rank, size, Checksum(algo, digest), where, index)
+        except (TypeError, ValueError):
+            pass
+        raise CheckpointError("register: a packed shard is [shard_id, rank, size, algorithm, "
+                              "digest, [uri, tier, ...], index]")
 
     def wire_bytes(self) -> int:
         """About this shard's encoded size (counts toward the manifest limit)."""
-        return 64 + len(self.shard_id) + sum(len(loc.uri) + 16 for loc in self.locations) + len(
-            self.index)
+        n = 64 + len(self.shard_id) + len(self.index)
+        for loc in self.locations:
+            n += len(loc.uri) + 16
+        return n
 
 
 # ----- retention ---------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Any
 
 import msgpack
 
+from accord.services.checkpoints.batching import Coalescer
 from accord.services.checkpoints.service import CheckpointService, Holder
 from accord.services.checkpoints.state import CheckpointStateMachine
 
@@ -113,6 +114,8 @@ class CheckpointGroup:
         self.service = CheckpointService(self.sm, self._propose, holder=holder, clock=clock,
                                          origin=origin)
         self.watchers = LatestWatchers()
+        self.coalescer = Coalescer(self._send)
+        """Concurrent registrations go to the log together, as batch entries."""
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -137,16 +140,25 @@ class CheckpointGroup:
     # ----- the host's StateMachine protocol ----------------------------------------------
 
     def apply(self, index: int, payload: bytes) -> object:
-        """Apply one committed command; tell watchers when a latest pointer moved."""
-        result = self.sm.apply(payload)
+        """Apply one committed command (or batch); tell watchers when a latest pointer
+        moved."""
+        try:
+            cmd = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        except Exception:
+            return self.sm.apply(payload)  # it answers what is wrong with the bytes
+        result = self.sm.apply(cmd)
+        if isinstance(cmd, dict) and cmd.get("op") == "batch":
+            for sub, res in zip(cmd["cmds"], result.get("results", ()), strict=False):
+                self._moved(sub, res)
+        else:
+            self._moved(cmd, result)
+        return result
+
+    def _moved(self, cmd: Any, result: dict[str, Any]) -> None:
         if result.get("latest_changed") and not result.get("duplicate"):
-            try:
-                job = str(msgpack.unpackb(payload, raw=False)["job"])
-            except Exception:  # pragma: no cover - a commit that moved latest names its job
-                return result
+            job = str(cmd["job"])
             j = self.sm.jobs[job]
             self.watchers.publish(job, j.latest, j.latest_version)
-        return result
 
     def prepare_snapshot(self) -> Callable[[], bytes]:
         """Serialize now (the state is mutable); the thread only hands the bytes over."""
@@ -184,9 +196,15 @@ class CheckpointGroup:
             await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
             delay = min(delay * 2, 0.5)
 
+    async def _send(self, payload: bytes) -> object:
+        return await self._retrying(lambda t: self._propose_bytes(payload, t))
+
     async def _propose(self, cmd: dict[str, Any]) -> dict[str, Any]:
         payload = bytes(msgpack.packb(cmd, use_bin_type=True))
-        result = await self._retrying(lambda t: self._propose_bytes(payload, t))
+        # Registrations arrive by the hundred at once (one per host of a job): they share
+        # entries. Other commands are one at a time per job and go alone.
+        result = await (self.coalescer.submit(payload) if cmd.get("op") == "register"
+                        else self._send(payload))
         if not isinstance(result, dict):
             raise GroupUnavailable(f"unexpected answer from the checkpoint group: {result!r}")
         return result
@@ -209,8 +227,9 @@ class CheckpointGroup:
         return self._task
 
     async def stop(self) -> None:
-        """Stop the loop and end every watch."""
+        """Stop the loop, the batches in flight and every watch."""
         self.watchers.close()
+        await self.coalescer.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -81,16 +81,17 @@ def tier_value(name: str) -> str:
     return name.upper()
 
 
-def shard_to_wire(s: pb.Shard) -> dict[str, Any]:
-    """A ``Shard`` message as the state machine's shard dict (validated by ``Shard.from_wire``)."""
-    return {
-        "shard_id": s.shard_id, "rank": s.rank, "size": s.size,
-        "checksum": [s.checksum.algorithm, s.checksum.digest],
-        "uri": s.uri, "tier": tier_name(s.tier),
-        "locations": [[loc.uri, tier_name(loc.tier)] for loc in s.locations],
-        "tensors": [[t.name, list(t.global_shape), list(t.offsets), list(t.sizes), t.dtype]
-                    for t in s.tensors],
-    }
+def shard_from_pb(s: pb.Shard) -> Shard:
+    """A ``Shard`` message as a validated shard (the same checks as ``Shard.from_wire``,
+    without building its dict first: this runs once per shard of every registration)."""
+    locations = [[loc.uri, tier_name(loc.tier)] for loc in s.locations]
+    if s.uri:
+        locations.insert(0, [s.uri, tier_name(s.tier)])
+    sum_ = s.checksum
+    return Shard.checked(
+        s.shard_id, s.rank, s.size, [sum_.algorithm, sum_.digest], locations,
+        [[t.name, list(t.global_shape), list(t.offsets), list(t.sizes), t.dtype]
+         for t in s.tensors])
 
 
 def shard_to_pb(s: Shard) -> pb.Shard:
@@ -185,7 +186,7 @@ class CheckpointsServicer:
         async def run() -> pb.RegisterShardsResponse:
             out = await self.service.register(
                 request.job, request.step, request.token,
-                [shard_to_wire(s) for s in request.shards], request_id=request.request_id)
+                request.shards, request_id=request.request_id, parse=shard_from_pb)
             return pb.RegisterShardsResponse(registered=out["registered"],
                                              duplicates=out["duplicates"],
                                              remaining=out["remaining"])

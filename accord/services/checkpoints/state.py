@@ -138,7 +138,11 @@ class CheckpointStateMachine:
     # ----- the state-machine interface -----------------------------------------------------
 
     def apply(self, command: dict[str, Any] | bytes) -> dict[str, Any]:
-        """Apply one committed command; a refused one changes nothing."""
+        """Apply one committed command; a refused one changes nothing.
+
+        A ``batch`` (``{"op": "batch", "cmds": [command, ...]}``, no id of its own) applies
+        each of its commands in order, as if each were an entry of its own (each with its
+        own id, result and refusal), and answers ``{"ok": True, "results": [...]}``."""
         if isinstance(command, (bytes, bytearray)):
             try:
                 command = msgpack.unpackb(command, raw=False, strict_map_key=False)
@@ -146,6 +150,15 @@ class CheckpointStateMachine:
                 return CheckpointError(f"command is not valid msgpack: {e}").to_result()
         if not isinstance(command, dict):
             return CheckpointError("command must be a mapping").to_result()
+        if command.get("op") == "batch":
+            cmds = command.get("cmds")
+            if not isinstance(cmds, list) or not cmds:
+                return CheckpointError("batch: 'cmds' must be a non-empty list of "
+                                       "commands").to_result()
+            return _ok(results=[
+                CheckpointError("a batch holds commands, not batches").to_result()
+                if isinstance(c, dict) and c.get("op") == "batch" else self.apply(c)
+                for c in cmds])
         cid = command.get("id")
         if not isinstance(cid, str) or not cid:
             return CheckpointError("command needs a non-empty string 'id'").to_result()
@@ -296,13 +309,17 @@ class CheckpointStateMachine:
                                   "begin the step again", "precondition")
 
     def _register(self, c: dict[str, Any], now: float) -> dict[str, Any]:
-        raw = c.get("shards")
+        packed = c.get("packed")
+        raw = c.get("shards") if packed is None else packed
         if not isinstance(raw, (list, tuple)) or not raw:
             raise CheckpointError("register: give at least one shard")
         if len(raw) > MAX_SHARDS_PER_CALL:
             raise CheckpointError(f"register: {len(raw)} shards in one call; at most "
                                   f"{MAX_SHARDS_PER_CALL}", "too_large")
-        shards = [Shard.from_wire(w) for w in raw]  # malformed input is named first
+        # ``shards`` (dicts) are validated here, malformed input named first; ``packed``
+        # shards were validated by the proposing service (``Shard.to_cmd``).
+        shards = ([Shard.from_wire(w) for w in raw] if packed is None
+                  else [Shard.from_cmd(w) for w in raw])
         job, s, _ = self._fenced_step(c)
         self._check_lease(job, s, now)
         fresh: dict[str, Shard] = {}
