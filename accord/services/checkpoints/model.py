@@ -49,9 +49,14 @@ CHECKSUM_ALGORITHMS = {"crc32c": 8, "sha256": 64}
 
 PARALLELISM = ("dp", "tp", "pp", "ep", "cp")
 
+_PACKER = msgpack.Packer(use_bin_type=True)
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _URI = re.compile(r"^([a-z][a-z0-9+.-]*)://[^\s\x00-\x1f\x7f]+$")
 _HEX = re.compile(r"^[0-9a-f]+$")
+_SURELY_SHORT = MAX_NAME_BYTES // 4
+"""A string of at most this many characters is within ``MAX_NAME_BYTES`` in UTF-8 (4 bytes
+a character at most): its encoded length need not be computed."""
+_SURELY_SHORT_URI = MAX_URI_BYTES // 4
 _OBJECT_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2")
 
 
@@ -129,7 +134,7 @@ def check_uri(uri: Any, what: str = "uri") -> str:
     """A storage URL fsspec can open: ``scheme://rest``, no whitespace or control characters."""
     if not isinstance(uri, str) or not uri:
         raise CheckpointError(f"{what} is empty: give a URL such as file:///ckpt/x or s3://b/k")
-    if len(uri.encode()) > MAX_URI_BYTES:
+    if len(uri) > _SURELY_SHORT_URI and len(uri.encode()) > MAX_URI_BYTES:
         raise CheckpointError(f"{what} is {len(uri.encode())} bytes; at most {MAX_URI_BYTES}")
     if not _URI.match(uri):
         raise CheckpointError(f"{what} {uri!r} is malformed: expected scheme://path (e.g. "
@@ -150,7 +155,7 @@ def default_tier(uri: str) -> str:
 def _name(v: Any, what: str) -> str:
     if not isinstance(v, str) or not v:
         raise CheckpointError(f"{what} must be a non-empty string")
-    if len(v.encode()) > MAX_NAME_BYTES:
+    if len(v) > _SURELY_SHORT and len(v.encode()) > MAX_NAME_BYTES:
         raise CheckpointError(f"{what} is {len(v.encode())} bytes; at most {MAX_NAME_BYTES}")
     return v
 
@@ -223,8 +228,9 @@ class TensorSlice:
                  w.get("dtype", "")]
         try:
             name, shape, offsets, sizes, dtype = w
-            ok = (type(name) is str and 0 < len(name) and len(name.encode()) <= MAX_NAME_BYTES
-                  and len(shape) == len(offsets) == len(sizes) <= MAX_DIMS)
+            ok = (type(name) is str and 0 < len(name) and (
+                len(name) <= _SURELY_SHORT or len(name.encode()) <= MAX_NAME_BYTES)
+                and len(shape) == len(offsets) == len(sizes) <= MAX_DIMS)
             if ok:
                 for g, o, n in zip(shape, offsets, sizes, strict=True):
                     if (type(g) is not int or type(o) is not int or type(n) is not int
@@ -279,6 +285,12 @@ class Location:
 
     @classmethod
     def from_wire(cls, w: Any, what: str) -> Location:
+        return cls(*cls.check(w, what))
+
+    @staticmethod
+    def check(w: Any, what: str) -> tuple[str, str]:
+        """A location ``[uri, tier]`` (or its dict) validated: ``(uri, tier)``, the tier
+        the URL's scheme implies when none is given."""
         if isinstance(w, dict):
             w = [w.get("uri"), w.get("tier") or ""]
         if not isinstance(w, (list, tuple)) or len(w) != 2:
@@ -287,7 +299,7 @@ class Location:
         tier = w[1] or default_tier(uri)
         if tier not in TIERS:
             raise CheckpointError(f"{what}: tier {tier!r} is unknown; use one of {', '.join(TIERS)}")
-        return cls(uri, tier)
+        return uri, tier
 
 
 @dataclass(slots=True, frozen=True)
@@ -302,6 +314,12 @@ class Checksum:
 
     @classmethod
     def from_wire(cls, w: Any, what: str) -> Checksum:
+        return cls(*cls.check(w, what))
+
+    @staticmethod
+    def check(w: Any, what: str) -> tuple[str, str]:
+        """A checksum ``[algorithm, digest]`` (or its dict) validated: ``(algorithm,
+        lowercase digest)``."""
         if isinstance(w, dict):
             w = [w.get("algorithm"), w.get("digest")]
         if not isinstance(w, (list, tuple)) or len(w) != 2 or not all(isinstance(x, str) for x in w):
@@ -316,7 +334,7 @@ class Checksum:
                                   f"{', '.join(CHECKSUM_ALGORITHMS)}")
         if len(digest) != want or not _HEX.match(digest):
             raise CheckpointError(f"{what}: a {algo} digest is {want} hex digits, got {digest!r}")
-        return cls(algo, digest)
+        return algo, digest
 
 
 @dataclass(slots=True, frozen=True)
@@ -367,42 +385,7 @@ class Shard:
     @classmethod
     def from_wire(cls, d: Any) -> Shard:
         """A shard from a register command, validated (``tensors`` as entry lists)."""
-        sid = _field(d, "shard_id", str, "shard")
-        what = f"shard {sid!r}"
-        locs_w = list(_field(d, "locations", (list, tuple), what, []))
-        if d.get("uri"):
-            locs_w.insert(0, [d["uri"], d.get("tier") or ""])
-        return cls.checked(sid, _field(d, "rank", int, what), _field(d, "size", int, what),
-                           _field(d, "checksum", (list, tuple, dict), what), locs_w,
-                           _field(d, "tensors", (list, tuple), what, []))
-
-    @classmethod
-    def checked(cls, sid: str, rank: int, size: int, checksum: Any, locations: list[Any],
-                tensors: Any) -> Shard:
-        """A shard from its parts, each validated (the servicer calls this with the parts
-        of a protobuf ``Shard``, whose types protobuf has already checked)."""
-        _name(sid, "shard id")
-        what = f"shard {sid!r}"
-        if rank < 0:
-            raise CheckpointError(f"{what}: rank {rank} is negative")
-        if size < 0:
-            raise CheckpointError(f"{what}: size {size} is negative")
-        sum_ = Checksum.from_wire(checksum, what)
-        if not locations:
-            raise CheckpointError(f"{what}: no uri: a shard needs at least one location")
-        if len(locations) > MAX_LOCATIONS:
-            raise CheckpointError(f"{what}: {len(locations)} locations; at most {MAX_LOCATIONS}")
-        locs: list[Location] = []
-        for w in locations:
-            loc = Location.from_wire(w, what)
-            if all(x.uri != loc.uri for x in locs):
-                locs.append(loc)
-        if len(tensors) > MAX_TENSORS_PER_SHARD:
-            raise CheckpointError(f"{what}: {len(tensors)} tensor entries; at most "
-                                  f"{MAX_TENSORS_PER_SHARD}", "too_large")
-        index = [TensorSlice.check(t, what) for t in tensors]
-        packed = bytes(msgpack.packb(index, use_bin_type=True)) if index else b""
-        return cls(sid, rank, size, sum_, tuple(locs), packed)
+        return cls.from_cmd(wire_shard_cmd(d))
 
     def to_cmd(self) -> list[Any]:
         """The compact form a register command carries once the proposing member has
@@ -439,6 +422,48 @@ class Shard:
         for loc in self.locations:
             n += len(loc.uri) + 16
         return n
+
+
+def wire_shard_cmd(d: Any) -> list[Any]:
+    """A shard dict (``shard_id, rank, size, checksum, uri, tier, locations, tensors``)
+    validated, in the compact form of :meth:`Shard.to_cmd`."""
+    sid = _field(d, "shard_id", str, "shard")
+    what = f"shard {sid!r}"
+    locs_w = list(_field(d, "locations", (list, tuple), what, []))
+    if d.get("uri"):
+        locs_w.insert(0, [d["uri"], d.get("tier") or ""])
+    return shard_cmd(sid, _field(d, "rank", int, what), _field(d, "size", int, what),
+                     _field(d, "checksum", (list, tuple, dict), what), locs_w,
+                     _field(d, "tensors", (list, tuple), what, []))
+
+
+def shard_cmd(sid: str, rank: int, size: int, checksum: Any, locations: list[Any],
+              tensors: Any) -> list[Any]:
+    """A shard's parts validated, in the compact form of :meth:`Shard.to_cmd` (the form a
+    register command carries; no object is built). The servicer calls it with the parts of
+    a protobuf ``Shard``, whose types protobuf has already checked."""
+    _name(sid, "shard id")
+    what = f"shard {sid!r}"
+    if rank < 0:
+        raise CheckpointError(f"{what}: rank {rank} is negative")
+    if size < 0:
+        raise CheckpointError(f"{what}: size {size} is negative")
+    algo, digest = Checksum.check(checksum, what)
+    if not locations:
+        raise CheckpointError(f"{what}: no uri: a shard needs at least one location")
+    if len(locations) > MAX_LOCATIONS:
+        raise CheckpointError(f"{what}: {len(locations)} locations; at most {MAX_LOCATIONS}")
+    locs: list[str] = []
+    for w in locations:
+        uri, tier = Location.check(w, what)
+        if uri not in locs[::2]:
+            locs += (uri, tier)
+    if len(tensors) > MAX_TENSORS_PER_SHARD:
+        raise CheckpointError(f"{what}: {len(tensors)} tensor entries; at most "
+                              f"{MAX_TENSORS_PER_SHARD}", "too_large")
+    index = [TensorSlice.check(t, what) for t in tensors]
+    return [sid, rank, size, algo, digest, locs,
+            bytes(_PACKER.pack(index)) if index else b""]
 
 
 # ----- retention ---------------------------------------------------------------------------------

@@ -33,13 +33,13 @@ from accord.services.checkpoints.model import (
     Layout,
     Location,
     Retention,
-    Shard,
     Step,
     check_expected,
     check_job,
     check_step,
     check_token,
     check_uri,
+    wire_shard_cmd,
 )
 from accord.services.checkpoints.state import CheckpointStateMachine, Garbage, Job
 
@@ -129,11 +129,11 @@ class CheckpointService:
 
     async def register(self, job: str, step: int, token: int, shards: Sequence[Any],
                        request_id: str = "", *,
-                       parse: Callable[[Any], Shard] = Shard.from_wire) -> dict[str, Any]:
+                       parse: Callable[[Any], list[Any]] = wire_shard_cmd) -> dict[str, Any]:
         """Record written shards (idempotent; a batch is all or nothing).
 
-        ``parse`` validates one shard as given (default: a shard dict; the servicer passes
-        its reader of protobuf shards)."""
+        ``parse`` validates one shard as given and returns its packed form (default: a
+        shard dict; the servicer passes its reader of protobuf shards)."""
         check_job(job)
         check_step(step)
         check_token(token)
@@ -144,7 +144,7 @@ class CheckpointService:
                                   f"{MAX_SHARDS_PER_CALL}", "too_large")
         # Validated once, here (bad input costs no Raft round); the command carries the
         # shards in the compact form every replica applies without checking them again.
-        packed = [parse(w).to_cmd() for w in shards]
+        packed = [parse(w) for w in shards]
         return await self._commit("register", request_id, job=job, step=step, token=token,
                                   packed=packed)
 

@@ -29,6 +29,7 @@ from accord.services.checkpoints.model import (
     Shard,
     Step,
     check_job,
+    shard_cmd,
 )
 from accord.services.checkpoints.replicated import CheckpointGroup, GroupUnavailable
 from accord.services.checkpoints.service import GCReport
@@ -81,14 +82,15 @@ def tier_value(name: str) -> str:
     return name.upper()
 
 
-def shard_from_pb(s: pb.Shard) -> Shard:
-    """A ``Shard`` message as a validated shard (the same checks as ``Shard.from_wire``,
-    without building its dict first: this runs once per shard of every registration)."""
+def shard_cmd_from_pb(s: pb.Shard) -> list[Any]:
+    """A ``Shard`` message validated, in the compact form a register command carries (the
+    checks of ``Shard.from_wire``, with no dict or object built: this runs once for each
+    shard of every registration)."""
     locations = [[loc.uri, tier_name(loc.tier)] for loc in s.locations]
     if s.uri:
         locations.insert(0, [s.uri, tier_name(s.tier)])
     sum_ = s.checksum
-    return Shard.checked(
+    return shard_cmd(
         s.shard_id, s.rank, s.size, [sum_.algorithm, sum_.digest], locations,
         [[t.name, list(t.global_shape), list(t.offsets), list(t.sizes), t.dtype]
          for t in s.tensors])
@@ -186,7 +188,7 @@ class CheckpointsServicer:
         async def run() -> pb.RegisterShardsResponse:
             out = await self.service.register(
                 request.job, request.step, request.token,
-                request.shards, request_id=request.request_id, parse=shard_from_pb)
+                request.shards, request_id=request.request_id, parse=shard_cmd_from_pb)
             return pb.RegisterShardsResponse(registered=out["registered"],
                                              duplicates=out["duplicates"],
                                              remaining=out["remaining"])
