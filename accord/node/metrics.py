@@ -563,6 +563,13 @@ class NodeCollector(Collector):
                 ("gc_deleted_steps", "Committed steps deleted by retention."),
                 ("deletions_confirmed", "Storage objects confirmed deleted after GC.")):
             yield _counter(f"accord_checkpoint_{field}_total", doc, sm.stats[field])
+        batches = self._node.checkpoints.coalescer
+        yield _counter("accord_checkpoint_register_batches_total",
+                       "Raft entries this member proposed for registrations (concurrent "
+                       "ones share an entry).", batches.batches)
+        yield _counter("accord_checkpoint_registrations_proposed_total",
+                       "Registrations this member proposed (in those entries).",
+                       batches.commands)
 
 
 def exposition(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:

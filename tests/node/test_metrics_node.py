@@ -130,6 +130,8 @@ async def test_metrics_follow_the_node(tmp_path: Path) -> None:
         assert v(saved, "accord_checkpoint_jobs") == 1
         assert v(saved, "accord_checkpoint_steps", state="committed") == 1
         assert v(saved, "accord_checkpoint_gc_runs_total") == 0
+        assert v(saved, "accord_checkpoint_register_batches_total") == 1
+        assert v(saved, "accord_checkpoint_registrations_proposed_total") == 1
         put = {"grpc_service": "etcdserverpb.KV", "grpc_method": "Put", "grpc_type": "unary"}
         assert v(after, "grpc_server_handled_total", **put, grpc_code="OK") == 20
         assert v(after, "grpc_server_handled_total", **put, grpc_code="InvalidArgument") == 1
