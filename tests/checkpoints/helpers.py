@@ -5,10 +5,20 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import msgpack
+
 from accord.services.checkpoints.checksum import of_bytes
 from accord.services.checkpoints.state import CheckpointStateMachine
 
 _ids = itertools.count(1)
+
+
+def records(sm: CheckpointStateMachine) -> object:
+    """The replica's records (its snapshot less the remembered command results and the
+    clock): what "a refused command changes nothing" compares."""
+    doc = msgpack.unpackb(sm.snapshot(), raw=False, strict_map_key=False)
+    del doc["applied"], doc["clock"]
+    return doc
 
 
 def shard(rank: int, *, job: str = "j", step: int = 1, data: bytes | None = None,

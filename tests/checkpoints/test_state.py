@@ -6,7 +6,7 @@ import msgpack
 
 from accord.services.checkpoints.model import ABORTED, COMMITTED, DELETED, PENDING
 from accord.services.checkpoints.state import CheckpointStateMachine
-from tests.checkpoints.helpers import Driver, shard
+from tests.checkpoints.helpers import Driver, records, shard
 
 
 def test_save_moves_latest_and_manifest_has_everything_a_loader_needs() -> None:
@@ -32,13 +32,7 @@ def test_commit_with_missing_shards_is_refused_names_them_and_changes_nothing() 
     assert r["missing"] == ["rank-1", "rank-3"]
     assert "rank-1 (rank 1)" in r["error"] and "rank-3 (rank 3)" in r["error"]
     assert d.sm.jobs["j"].latest == 1 and d.sm.jobs["j"].steps[2].state == PENDING
-    assert _state(d.sm) == _state_of(before)
-
-
-def _state(sm: CheckpointStateMachine) -> object:
-    doc = msgpack.unpackb(sm.snapshot(), raw=False, strict_map_key=False)
-    del doc["applied"], doc["clock"]
-    return doc
+    assert records(d.sm) == _state_of(before)
 
 
 def _state_of(snap: bytes) -> object:
@@ -53,18 +47,18 @@ def test_register_is_idempotent_and_a_different_checksum_changes_nothing() -> No
     assert d.register(ranks=[0, 1])["registered"] == 2
     again = d.register(ranks=[0, 1])
     assert again["ok"] and again["registered"] == 0 and again["duplicates"] == 2
-    before = _state(d.sm)
+    before = records(d.sm)
     bad = d.do("register", job="j", step=1, token=1,
                shards=[shard(2), shard(0, data=b"other bytes")])
     assert not bad["ok"] and bad["kind"] == "exists"
     assert "rank-0" in bad["error"] and "already registered with checksum" in bad["error"]
-    assert _state(d.sm) == before  # rank-2 in the same batch was not registered either
+    assert records(d.sm) == before  # rank-2 in the same batch was not registered either
 
 
 def test_bad_input_is_refused_with_a_clear_error_and_changes_nothing() -> None:
     d = Driver()
     d.save(step=5)
-    before = _state(d.sm)
+    before = records(d.sm)
     cases = {
         "negative": (d.begin(step=-1), "invalid", "negative"),
         "unknown job": (d.commit(job="nope"), "not_found", "unknown"),
@@ -74,9 +68,9 @@ def test_bad_input_is_refused_with_a_clear_error_and_changes_nothing() -> None:
     }
     for name, (r, kind, text) in cases.items():
         assert not r["ok"] and r["kind"] == kind and text in r["error"], (name, r)
-    assert _state(d.sm) == before
+    assert records(d.sm) == before
     assert d.begin(step=6)["ok"]
-    before = _state(d.sm)
+    before = records(d.sm)
     outside = d.do("register", job="j", step=6, token=1, shards=[shard(9)])
     assert outside["kind"] == "invalid" and "not in the expected shard set" in outside["error"]
     wrong_rank = d.do("register", job="j", step=6, token=1, shards=[{**shard(1), "rank": 2}])
@@ -90,7 +84,7 @@ def test_bad_input_is_refused_with_a_clear_error_and_changes_nothing() -> None:
     big = d.do("begin", job="j", step=7, token=1, layout={"world_size": 4},
                expected=[[f"s{i}", 0] for i in range(70_000)])
     assert big["kind"] == "too_large" and "at most 65536" in big["error"]
-    assert _state(d.sm) == before
+    assert records(d.sm) == before
 
 
 def test_a_stale_token_is_refused_naming_the_current_one_and_changes_nothing() -> None:
@@ -101,12 +95,12 @@ def test_a_stale_token_is_refused_naming_the_current_one_and_changes_nothing() -
     # The job restarts: the new incarnation (token 9) begins step 2 again.
     r = d.begin(step=2, token=9)
     assert r["ok"] and r["superseded"] == [2]
-    before = _state(d.sm)
+    before = records(d.sm)
     for r in (d.register(step=2, token=7, ranks=[2, 3]), d.commit(step=2, token=7),
               d.begin(step=3, token=7), d.do("abort", job="j", step=2, token=7)):
         assert not r["ok"] and r["kind"] == "stale" and r["current"] == 9, r
         assert "token 7 is stale" in r["error"] and "token 9" in r["error"]
-    assert _state(d.sm) == before
+    assert records(d.sm) == before
     assert d.register(step=2, token=9)["ok"] and d.commit(step=2, token=9)["latest"] == 2
 
 
@@ -211,7 +205,7 @@ def test_snapshot_restore_round_trips_everything() -> None:
     d.do("pin", job="j", step=1)
     other = CheckpointStateMachine()
     other.restore(d.sm.snapshot())
-    assert _state(other) == _state(d.sm)
+    assert records(other) == records(d.sm)
     assert other.refs == d.sm.refs and other.pending == d.sm.pending
     assert other.apply({"id": "x", "op": "commit", "job": "j", "step": 2, "token": 1,
                         "now": d.now})["missing"] == ["rank-0", "rank-2", "rank-3"]
@@ -220,7 +214,7 @@ def test_snapshot_restore_round_trips_everything() -> None:
 def test_a_bad_tensor_index_is_refused_naming_the_tensor() -> None:
     d = Driver()
     d.begin()
-    before = _state(d.sm)
+    before = records(d.sm)
     for tensors, text in (
             ([["w", [4], [2], [3], "f32"]], "tensor 'w': dimension 0: offset 2 + size 3 exceeds"),
             ([["w", [4, 4], [0], [4], ""]], "need the same number of dimensions"),
@@ -230,6 +224,6 @@ def test_a_bad_tensor_index_is_refused_naming_the_tensor() -> None:
         r = d.do("register", job="j", step=1, token=1, shards=[{**shard(0), "tensors": tensors}])
         assert not r["ok"] and r["kind"] == "invalid" and text in r["error"], r
         assert "shard 'rank-0'" in r["error"]
-    assert _state(d.sm) == before
+    assert records(d.sm) == before
     ok = d.do("register", job="j", step=1, token=1, shards=[shard(0)])
     assert ok["ok"] and d.sm.jobs["j"].steps[1].shards["rank-0"].tensors[0].name == "w"
