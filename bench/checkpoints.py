@@ -4,11 +4,13 @@
    one ``RegisterShards`` call, all hosts at once, then the coordinator commits. The
    figure is the time from the first registration sent to the committed pointer
    returned (goal: under 1 s, median of 5 steps). Each shard carries a 4-entry tensor
-   index, so a call is a realistic ~2 KB. Each host's 8 shard messages are built before
-   the clock starts (512 hosts build theirs on their own CPUs); the clock covers building
-   and sending the requests, the service's work and the answers. The Raft entries the
-   registrations took are read from the members' metrics (concurrent registrations share
-   entries). The client runs on uvloop, as the members do.
+   index, so a call is a realistic ~2 KB. Each host's request is built and encoded before
+   the clock starts (512 hosts build theirs on their own CPUs; ``--client-api`` builds
+   and encodes them inside the clock, through ``client.checkpoints.register_shards``);
+   the clock covers sending the requests through the client's endpoint pool, the
+   service's work, the answers and the commit. The Raft entries the registrations took
+   are read from the members' metrics (concurrent registrations share entries). The
+   client runs on uvloop, as the members do.
 2. many jobs: ``--jobs`` jobs x ``--steps`` committed steps each (1 shard per step), then
    ``ls`` of one job (ListSteps), ``ls`` of every job (ListJobs), and GC of every job
    with keep-last-5 (one Raft entry deleting 15 of 20 steps per job), a second GC
@@ -21,7 +23,7 @@ There is no etcd yardstick here: etcd has no checkpoint service (its nearest is 
 Txn per registration against a counter key, which this does not pretend to be).
 
 Usage: python bench/checkpoints.py [--reps 5] [--hosts 512] [--ranks-per-host 8]
-                                   [--jobs 1000] [--steps 20] [--parts commit,many] [--quick]
+                                   [--client-api] [--jobs 1000] [--steps 20] [--parts commit,many] [--quick]
 The last line printed is one JSON object with the figures.
 """
 
@@ -35,6 +37,7 @@ import statistics
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,7 @@ from accord.client.checkpoints import shard_message
 from accord.client.client import AccordClient
 from accord.client.errors import NotHeld
 from accord.node.config import METRICS_PORT_OFFSET
+from accord.proto import checkpoints_pb2 as pb
 from accord.services.checkpoints.checksum import of_bytes
 from accord.services.checkpoints.replicated import local_group
 from bench.harness import Harness, machine
@@ -70,11 +74,30 @@ def _entries(metrics: list[str]) -> int:
     return total
 
 
+_REGISTER = "/accord.checkpoints.v1.Checkpoints/RegisterShards"
+_callables: dict[Any, Any] = {}
+
+
+async def _register_encoded(client: AccordClient, request: bytes) -> pb.RegisterShardsResponse:
+    """Send an encoded ``RegisterShardsRequest`` through the client's endpoint pool (its
+    failover and retries; the request id inside makes a resend apply once)."""
+    async def call(ch: Any, timeout: float) -> pb.RegisterShardsResponse:
+        method = _callables.get(ch)
+        if method is None:
+            method = _callables[ch] = ch.unary_unary(
+                _REGISTER, response_deserializer=pb.RegisterShardsResponse.FromString)
+        out = await method(request, timeout=timeout)
+        assert isinstance(out, pb.RegisterShardsResponse)
+        return out
+    return await client.checkpoints.pool.call(call, idempotent=True)
+
+
 async def part_commit(eps: list[str], metrics: list[str], hosts: int, per_host: int,
-                      reps: int, clients: int) -> dict[str, Any]:
+                      reps: int, clients: int, client_api: bool) -> dict[str, Any]:
     ranks = hosts * per_host
     print(f"\n== commit: {ranks} ranks ({hosts} hosts x {per_host}), one RegisterShards "
-          f"call per host, {clients} client channels; {reps} steps")
+          f"call per host, {clients} client channels; {reps} steps; requests "
+          f"{'built and encoded inside the clock' if client_api else 'encoded beforehand'}")
     print(f"{'step':>5} {'register s':>11} {'commit s':>9} {'total s':>8} {'entries':>8} "
           f"{'load':>5}")
     pool = [AccordClient(eps[i % len(eps):] + eps[:i % len(eps)], call_timeout_s=30)
@@ -89,16 +112,21 @@ async def part_commit(eps: list[str], metrics: list[str], hosts: int, per_host: 
             for step in range(1, reps + 1):
                 await coord.begin(step, layout={"world_size": ranks, "dp": ranks // 64,
                                                 "tp": 8, "pp": 8}, expected=expected)
-                # Each host builds its own request in its own process: built before the
-                # clock starts, so one client process does not stand in for 512 hosts' CPUs.
+                # Each host builds and encodes its own request in its own process: done
+                # before the clock starts, so one client process does not stand in for 512
+                # hosts' CPUs (--client-api: built and encoded inside the clock instead).
                 calls = [[shard_message(_shard("bench-4096", step, h * per_host + i,
                                                coord.token, 4)) for i in range(per_host)]
                          for h in range(hosts)]
+                encoded = [] if client_api else [pb.RegisterShardsRequest(
+                    job="bench-4096", step=step, token=coord.token, shards=calls[h],
+                    request_id=uuid.uuid4().hex).SerializeToString() for h in range(hosts)]
                 e0 = _entries(metrics)
                 t0 = time.perf_counter()
                 answers = await asyncio.gather(*(
                     pool[h % clients].checkpoints.register_shards("bench-4096", step,
                                                                   coord.token, calls[h])
+                    if client_api else _register_encoded(pool[h % clients], encoded[h])
                     for h in range(hosts)))
                 t1 = time.perf_counter()
                 latest = await coord.commit(step)
@@ -122,7 +150,8 @@ async def part_commit(eps: list[str], metrics: list[str], hosts: int, per_host: 
             "median_register_s": round(statistics.median(regs), 3),
             "median_commit_s": round(statistics.median(commits), 4),
             "all_s": [round(x, 3) for x in totals], "goal_met": med < 1.0,
-            "register_entries": entries, "load_average_after": round(load, 2)}
+            "register_entries": entries, "load_average_after": round(load, 2),
+            "requests_encoded_in_clock": client_api}
 
 
 async def _fill_job(client: AccordClient, job: str, steps: int) -> bool:
@@ -262,7 +291,7 @@ async def run(a: argparse.Namespace, eps: list[str], metrics: list[str]) -> dict
     out: dict[str, Any] = {"machine": machine()}
     if "commit" in a.parts:
         out["commit"] = await part_commit(eps, metrics, a.hosts, a.ranks_per_host, a.reps,
-                                          a.clients)
+                                          a.clients, a.client_api)
     if "many" in a.parts:
         out["many_jobs"] = await part_many(eps, a.cluster_jobs or a.jobs, a.steps,
                                            a.concurrency)
@@ -278,6 +307,9 @@ def main() -> int:
     p.add_argument("--hosts", type=int, default=512)
     p.add_argument("--ranks-per-host", type=int, default=8)
     p.add_argument("--clients", type=int, default=16, help="client channels for the ranks")
+    p.add_argument("--client-api", action="store_true",
+                   help="register through client.checkpoints.register_shards, each request "
+                        "built and encoded inside the clock (default: encoded beforehand)")
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--concurrency", type=int, default=16, help="jobs filled at a time")

@@ -325,15 +325,16 @@ class CheckpointStateMachine:
         fresh: dict[str, Shard] = {}
         duplicates = 0
         added = 0
+        expected, registered = s.expected, s.shards
         for sh in shards:
-            rank = s.expected.get(sh.shard_id)
+            rank = expected.get(sh.shard_id)
             if rank is None:
                 raise CheckpointError(f"shard {sh.shard_id!r} is not in the expected shard set "
                                       f"of job {job.name!r} step {s.step}")
             if rank != sh.rank:
                 raise CheckpointError(f"shard {sh.shard_id!r} is expected from rank {rank}, "
                                       f"not rank {sh.rank}")
-            old = s.shards.get(sh.shard_id) or fresh.get(sh.shard_id)
+            old = registered.get(sh.shard_id) or fresh.get(sh.shard_id)
             if old is not None:
                 if old.checksum != sh.checksum:
                     raise CheckpointError(
@@ -349,10 +350,13 @@ class CheckpointStateMachine:
             raise CheckpointError(f"job {job.name!r} step {s.step}: the manifest would grow to "
                                   f"about {s.size_estimate + added} bytes; at most "
                                   f"{MAX_MANIFEST_BYTES}", "too_large")
+        s.shards.update(fresh)
+        refs, garbage = self.refs, self.garbage
         for sh in fresh.values():
-            s.shards[sh.shard_id] = sh
-            for uri in sh.uris():
-                self._hold(uri)
+            for loc in sh.locations:  # self._hold, inlined: this runs for every shard
+                refs[loc.uri] = refs.get(loc.uri, 0) + 1
+                if garbage:
+                    garbage.pop(loc.uri, None)
         s.cache = None
         s.size_estimate += added
         s.deadline = max(s.deadline, now + s.lease_s)
