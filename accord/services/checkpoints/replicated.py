@@ -30,13 +30,12 @@ import msgpack
 from accord.services.checkpoints.batching import Coalescer
 from accord.services.checkpoints.service import CheckpointService, Holder
 from accord.services.checkpoints.state import CheckpointStateMachine
+from accord.services.retrying import ProposeBytes, until_deadline
 
 log = logging.getLogger("accord.checkpoints")
 
 CHECKPOINT_GROUP = 4
 """The Raft group of the checkpoint service (1 meta, 2 and 101.. KV, 3 scheduling)."""
-
-ProposeBytes = Callable[[bytes, float], Awaitable[object]]
 
 
 class GroupUnavailable(Exception):
@@ -176,25 +175,10 @@ class CheckpointGroup:
     # ----- commands and reads -------------------------------------------------------------
 
     async def _retrying(self, attempt: Callable[[float], Awaitable[object]]) -> object:
-        """Run ``attempt(timeout)`` until it succeeds or the request timeout passes; only
-        errors that carry a ``reason`` (the host's "unavailable") are retried."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.request_timeout
-        delay = 0.02
-        last = "request timed out"
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise GroupUnavailable(f"checkpoint group unavailable: {last}")
-            try:
-                return await attempt(min(left, self.config.attempt_timeout))
-            except Exception as e:
-                reason = getattr(e, "reason", None)
-                if reason is None:
-                    raise
-                last = str(reason)
-            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-            delay = min(delay * 2, 0.5)
+        return await until_deadline(
+            attempt, request_timeout=self.config.request_timeout,
+            attempt_timeout=self.config.attempt_timeout, first_delay=0.02,
+            unavailable=lambda last: GroupUnavailable(f"checkpoint group unavailable: {last}"))
 
     async def _send(self, payload: bytes) -> object:
         return await self._retrying(lambda t: self._propose_bytes(payload, t))

@@ -40,6 +40,7 @@ from typing import Any
 import msgpack
 
 from accord.membership.phi import HeartbeatMonitor
+from accord.services.retrying import ProposeBytes, until_deadline
 from accord.services.scheduling.capacity import CapacityIndex
 from accord.services.scheduling.model import Job, Node, Placement
 from accord.services.scheduling.placement import Policy, place
@@ -49,10 +50,6 @@ from accord.services.scheduling.state import SchedulerStateMachine
 log = logging.getLogger("accord.scheduling")
 
 SCHEDULING_GROUP = 3
-
-ProposeBytes = Callable[[bytes, float], Awaitable[object]]
-"""``(payload, timeout) -> apply result``; raises an exception with ``reason`` when unavailable."""
-
 
 class ShardUnavailable(Exception):
     """The shard could not commit or read in time (no leader, leader changed, timeout)."""
@@ -304,44 +301,20 @@ class SchedulerShard:
     async def _propose(self, cmd: dict[str, Any]) -> dict[str, Any]:
         """Commit ``cmd``, retrying (same id, so at most once) across leader changes."""
         payload = bytes(msgpack.packb(cmd, use_bin_type=True))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.request_timeout
-        delay = 0.05
-        last = "request timed out"
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                raise ShardUnavailable(f"scheduling shard unavailable: {last}")
-            try:
-                result = await self._propose_bytes(payload, min(left, self.config.attempt_timeout))
-            except Exception as e:
-                reason = getattr(e, "reason", None)
-                if reason is None:
-                    raise
-                last = str(reason)
-                await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-                delay = min(delay * 2, 0.5)
-                continue
-            if not isinstance(result, dict):
-                raise ShardUnavailable(f"unexpected answer from the scheduling shard: {result!r}")
-            return result
+        result = await until_deadline(
+            lambda t: self._propose_bytes(payload, t), request_timeout=self.config.request_timeout,
+            attempt_timeout=self.config.attempt_timeout, first_delay=0.05,
+            unavailable=lambda last: ShardUnavailable(f"scheduling shard unavailable: {last}"))
+        if not isinstance(result, dict):
+            raise ShardUnavailable(f"unexpected answer from the scheduling shard: {result!r}")
+        return result
 
     async def barrier(self) -> None:
         """Linearizable read point: wait until this replica applied all committed commands."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.request_timeout
-        last = "request timed out"
-        while loop.time() < deadline:
-            try:
-                await self._barrier(min(self.config.attempt_timeout, deadline - loop.time()))
-                return
-            except Exception as e:
-                reason = getattr(e, "reason", None)
-                if reason is None:
-                    raise
-                last = str(reason)
-                await asyncio.sleep(0.05)
-        raise ShardUnavailable(f"scheduling shard unavailable: {last}")
+        await until_deadline(
+            self._barrier, request_timeout=self.config.request_timeout,
+            attempt_timeout=self.config.attempt_timeout, first_delay=0.05, growth=1.0,
+            unavailable=lambda last: ShardUnavailable(f"scheduling shard unavailable: {last}"))
 
     def fits_somewhere(self, job: Job) -> bool:
         """Could ``job`` run on the registered nodes if they were all idle and in service?"""
