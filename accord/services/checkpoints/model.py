@@ -401,7 +401,7 @@ class Shard:
     @classmethod
     def from_cmd(cls, w: Any) -> Shard:
         """A shard from :meth:`to_cmd`'s form, which the proposing member validated with
-        :meth:`from_wire`: only its structure is checked here (a malformed command is
+        :func:`shard_cmd`: only its structure is checked here (a malformed command is
         refused the same way on every replica, never half-applied)."""
         try:
             sid, rank, size, algo, digest, locs, index = w

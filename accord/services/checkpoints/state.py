@@ -6,12 +6,13 @@ proposer's clock), so every replica computes the same state from the same log. A
 refused command returns ``{"ok": False, "kind": ..., "error": ...}`` and changes nothing:
 every check runs before the first mutation.
 
-Commands (``op``): ``begin``, ``register``, ``commit``, ``abort`` (the job's protocol,
-fenced by the job incarnation's token), ``expire`` (the service's lease clock),
-``set_retention``, ``pin``, ``unpin``, ``gc``, ``confirm_deleted``, ``move_tier``
-(operations on the job's records). Every command carries an ``id``; a command applied
-again with the same id (a client retry across a leader change) gets its first result
-and changes nothing.
+Commands (``op``): ``begin``, ``register`` (its shards as dicts, validated in the apply,
+or ``packed`` by the proposing service, see ``model.shard_cmd``), ``commit``, ``abort``
+(the job's protocol, fenced by the job incarnation's token), ``expire`` (the service's
+lease clock), ``set_retention``, ``pin``, ``unpin``, ``gc``, ``confirm_deleted``,
+``move_tier`` (operations on the job's records), and ``batch`` (several commands in one
+entry). Every command carries an ``id``; a command applied again with the same id (a
+client retry across a leader change) gets its first result and changes nothing.
 
 Commit is O(1) in the number of ranks: a step counts its registered shards, so
 ``commit`` compares two integers and moves the latest pointer. Only a refused commit
@@ -317,7 +318,7 @@ class CheckpointStateMachine:
             raise CheckpointError(f"register: {len(raw)} shards in one call; at most "
                                   f"{MAX_SHARDS_PER_CALL}", "too_large")
         # ``shards`` (dicts) are validated here, malformed input named first; ``packed``
-        # shards were validated by the proposing service (``Shard.to_cmd``).
+        # shards were validated by the proposing service (``model.shard_cmd``).
         shards = ([Shard.from_wire(w) for w in raw] if packed is None
                   else [Shard.from_cmd(w) for w in raw])
         job, s, _ = self._fenced_step(c)
