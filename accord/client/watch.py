@@ -9,24 +9,34 @@
 The watch keeps one etcd Watch stream open on the client's current endpoint, with
 etcd's ``hasleader`` metadata (a member cut off from the cluster ends the stream). It
 tracks a *safe revision*: every event at or below it has been received. That is the
-revision before the start (a watch "from now" first reads the range, count only, and
-starts after the read's revision: a linearizable read over several shards raises each
-one's revision counter to the read's, so exactly the later events follow), raised by
-each progress notification. Events above the safe revision are remembered by ``(key,
-mod_revision)`` until a progress notification passes them; the watch asks for one itself
-after every 128 such events or once a second while events flow, each time after a count
-read of the range (which floors shards that had no writes, so that the progress of a
-range over several shards moves too), so that memory stays small. The stream is created
-with ``progress_notify`` so that the server answers for this watch's own shards. When
-the stream breaks — the member was killed, restarted, lost its leader, the connection
-dropped, or the server cancelled a too-slow watcher — the watch opens a new stream on
-the next endpoint from the safe revision + 1 and drops the events it already delivered.
-Every member applies the same history, so none is delivered twice and none is skipped.
-Tracking a safe revision rather than "the last event's revision" matters when a range
-spans shards: the server may then deliver a lagging shard's revision 11 after another
-shard's revision 100 (``accord/services/kv/shardwatch.py``), and both must arrive.
-(Open: a resume across a member's kill over many shards lost events in 2 of ~10 test
-runs under load; ``docs/client.md`` says so. Within one shard it is tested exact.)
+revision before the start, raised by each progress notification. Events above the safe
+revision are remembered by ``(key, mod_revision)`` until a progress notification passes
+them; the watch asks for one itself after every 128 such events or once a second while
+events flow, each time after a count read of the range (which floors shards that had no
+writes, so that the progress of a range over several shards moves too), so that memory
+stays small. The stream is created with ``progress_notify`` so that the server answers
+for this watch's own shards. When the stream breaks — the member was killed, restarted,
+lost its leader, the connection dropped, or the server cancelled a too-slow watcher —
+the watch opens a new stream on the next endpoint from the safe revision + 1 and drops
+the events it already delivered. Every member applies the same history, so none is
+delivered twice and none is skipped. Tracking a safe revision rather than "the last
+event's revision" matters when a range spans shards: the server may then deliver a
+lagging shard's revision 11 after another shard's revision 100
+(``accord/services/kv/shardwatch.py``), and both must arrive.
+
+The rule that makes a revision a point to start or resume from, over several shards:
+each shard numbers its own revisions, so a revision S is *closed* (no shard of the
+range can still commit a change at or below S) only once every shard of the range has
+passed S. Before its first stream the watch therefore reads the range (linearizable,
+count only): the read floors every shard of the range at its revision R, so every
+later write to the range gets a revision above R. A watch "from now" starts at R + 1;
+a watch from ``start_revision`` S <= R + 1 then receives every change committed after
+the read, whatever its shard (without that read, a write made after the watch was
+created, to a shard whose counter was still below S, got a revision below S and was
+never delivered: the loss issue 19 reported). A start above R + 1 is in the range's
+future: events from S on are delivered, as etcd does. A resume point needs no new
+floor: a progress notification's revision is the lowest that every shard of the
+answering member had applied, so it is closed already.
 
 If the revision the watch needs was compacted (at the start, or while it was
 reconnecting) iteration raises :class:`~accord.client.errors.WatchCompacted` with the
@@ -285,15 +295,19 @@ class Watch:
         return int(r.header.revision)
 
     async def _pin(self, ch: grpc.aio.Channel) -> None:
-        """Fix "from now" as the revision of a read of the range (see the module doc)."""
-        self.progress_revision = await self._floor(ch)
+        """Before the first stream: floor the range's shards with a read of the range, so
+        that every later write to it gets a revision above the read's; "from now" starts
+        after the read's revision (see the module doc)."""
+        rev = await self._floor(ch)
+        if not self._start:
+            self.progress_revision = rev
         self._pinned = True
 
     async def _stream(self, ep: str) -> None:
         """One stream's life: create, then queue its events until it breaks."""
         self._streamed = False
         ch = self._pool.channel(ep)
-        if not self._start and not self._pinned:
+        if not self._pinned:
             await self._pin(ch)
         md = (("hasleader", "true"),) if self._require_leader else None
         call = _rpc.WatchStub(ch).Watch(metadata=md)

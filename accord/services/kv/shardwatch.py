@@ -15,6 +15,16 @@ least R (the *revision floor*), so no shard ever produces an event at a revision
 after that read. Hence a start revision can be handed to every shard unchanged, and a
 revision that *every* shard has passed is one below which nothing can ever appear.
 
+The rule for start revisions: a watch from S misses nothing committed after it was
+created only if S - 1 is *closed*, i.e. every shard of its range has passed S - 1. A
+revision taken from one shard's write is not: another shard whose counter is still
+below S can commit a later change below S, and no sub-watcher delivers it (it is before
+the start). So a client reads the range (linearizable) before it creates such a watch,
+and starts at most one past that read's revision, as ``accord/client/watch.py`` does
+and as etcd's list-then-watch pattern does anyway. A progress revision is always
+closed (every shard of the member had applied it), so resuming from one + 1 is safe.
+The hub does not floor on its own: creating a watch is local and needs no quorum.
+
 Rules of a merged watcher:
 
 * Each shard's events keep their order. Among the batches ready at once the lowest
