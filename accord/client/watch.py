@@ -35,8 +35,9 @@ the read, whatever its shard (without that read, a write made after the watch wa
 created, to a shard whose counter was still below S, got a revision below S and was
 never delivered: the loss issue 19 reported). A start above R + 1 is in the range's
 future: events from S on are delivered, as etcd does. A resume point needs no new
-floor: a progress notification's revision is the lowest that every shard of the
-answering member had applied, so it is closed already.
+floor: a progress notification's revision is the lowest *closed* revision of the
+answering member's shards (applied, and below any open multi-shard Txn's reserved
+revision: ``WatchHub.progress``), so no shard can still commit at or below it.
 
 If the revision the watch needs was compacted (at the start, or while it was
 reconnecting) iteration raises :class:`~accord.client.errors.WatchCompacted` with the

@@ -22,7 +22,8 @@ below S can commit a later change below S, and no sub-watcher delivers it (it is
 the start). So a client reads the range (linearizable) before it creates such a watch,
 and starts at most one past that read's revision, as ``accord/client/watch.py`` does
 and as etcd's list-then-watch pattern does anyway. A progress revision is always
-closed (every shard of the member had applied it), so resuming from one + 1 is safe.
+closed (every shard of the member had closed it: ``WatchHub.progress``), so resuming
+from one + 1 is safe.
 The hub does not floor on its own: creating a watch is local and needs no quorum.
 
 Rules of a merged watcher:
