@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from accord.client import (
@@ -95,6 +96,22 @@ def store_history(node: ProcNode, prefix: bytes, start: int, last: int,
     return [r for r in out if r[3] <= last]
 
 
+def wait_settled(node: ProcNode, timeout: float = 60.0) -> None:
+    """Wait until ``node`` serves a linearizable read over the whole key space: it knows
+    a leader of every shard again (after a restart), so the next test's writes and reads
+    through it are answered."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            node.kv().Range(rpc_pb2.RangeRequest(key=b"\0", range_end=b"\0", count_only=True),
+                            timeout=2.0)
+            return
+        except grpc.RpcError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def as_row(e: WatchEvent) -> Row:
     return (0 if e.type is EventType.PUT else 1, e.kv.key, e.kv.value, e.kv.mod_revision)
 
@@ -145,6 +162,7 @@ async def watch_while_writing(cluster: ProcCluster, prefix: bytes, key: Callable
             if victim.proc is not None and victim.proc.poll() is not None:
                 cluster.start(victim)
                 cluster.wait_serving(victim)
+                wait_settled(victim)
         if kill:
             assert watch.reconnects >= 1 and watch.endpoint != victim.endpoint
         delivered = [as_row(e) for e in got if e.kv.mod_revision <= last]

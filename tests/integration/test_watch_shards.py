@@ -63,8 +63,12 @@ PARTS = _partitions()
 def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
     c = ProcCluster(tmp_path, 3, extra=("--shards", str(SHARDS)))
     try:
-        c.start_all()
-        c.leader()
+        for n in c.nodes:  # start_all, with the longer waits a loaded machine needs
+            c.start(n)
+        for n in c.nodes:
+            c.wait_serving(n, 60)
+        c.wait_published(90)
+        c.leader(timeout=60)
         yield c
     finally:
         c.stop_all()
