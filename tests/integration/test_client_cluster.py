@@ -28,6 +28,7 @@ from accord.client import (
     NotFound,
     OutcomeUnknown,
     PlacementEvent,
+    Watch,
     WatchCompacted,
     WatchEvent,
 )
@@ -112,6 +113,18 @@ def wait_settled(node: ProcNode, timeout: float = 60.0) -> None:
             time.sleep(0.1)
 
 
+async def rest_of(watch: Watch, last: int) -> list[WatchEvent]:
+    """The events still on their way once the watch's progress confirmed ``last``."""
+    while await watch.request_progress(15) < last:
+        await asyncio.sleep(0.1)
+    # everything up to ``last`` has been received now: take what is still queued
+    out: list[WatchEvent] = []
+    with contextlib.suppress(TimeoutError):
+        while True:
+            out.append(await asyncio.wait_for(watch.__anext__(), 0.5))
+    return out
+
+
 def as_row(e: WatchEvent) -> Row:
     return (0 if e.type is EventType.PUT else 1, e.kv.key, e.kv.value, e.kv.mod_revision)
 
@@ -151,12 +164,7 @@ async def watch_while_writing(cluster: ProcCluster, prefix: bytes, key: Callable
                         cluster.kill(victim)  # kill -9 the member the stream is on
                 await writer
                 last = max(revisions)
-                while await watch.request_progress(10) < last:
-                    await asyncio.sleep(0.1)
-                # everything up to ``last`` is received now: take what is still queued
-                with contextlib.suppress(TimeoutError):
-                    while True:
-                        got.append(await asyncio.wait_for(watch.__anext__(), 0.5))
+                got += await rest_of(watch, last)
         finally:
             await watch.close()
             if victim.proc is not None and victim.proc.poll() is not None:

@@ -17,7 +17,6 @@ and every write a writer saw acknowledged among them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import threading
@@ -32,7 +31,7 @@ from accord.client import AccordClient, WatchEvent
 from accord.proto import rpc_pb2
 from accord.services.kv import sharding
 from tests.integration.cluster import ProcCluster, ProcNode
-from tests.integration.test_client_cluster import Row, as_row, live, store_history
+from tests.integration.test_client_cluster import Row, as_row, live, rest_of, store_history
 
 SHARDS = 8
 PREFIX = b"/ms/"
@@ -160,12 +159,7 @@ async def _watch_while_writing(cluster: ProcCluster, seed: int, *, kill: bool,
                         killed = True
                 await asyncio.gather(*writers)
                 last = max(r for _t, _k, r in acked)
-                while await watch.request_progress(15) < last:
-                    await asyncio.sleep(0.1)
-                # everything up to ``last`` has been received: take what is still queued
-                with contextlib.suppress(TimeoutError):
-                    while True:
-                        got.append(await asyncio.wait_for(watch.__anext__(), 0.5))
+                got += await rest_of(watch, last)
         finally:
             await watch.close()
         if kill:
