@@ -11,9 +11,5 @@ from tests.integration.cluster import ProcCluster
 
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("ckpt-cluster"), 3)
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path_factory.mktemp("ckpt-cluster"), 3) as c:
         yield c
-    finally:
-        c.stop_all()

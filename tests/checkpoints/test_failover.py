@@ -24,12 +24,8 @@ RANKS = 4
 
 @pytest.fixture
 def own_cluster(tmp_path: Path) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path, 3)
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path, 3) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def live(c: ProcCluster) -> list[ProcNode]:

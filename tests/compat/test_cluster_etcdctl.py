@@ -23,13 +23,9 @@ from tests.integration.cluster import ProcCluster
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("etcdctl-cluster"), 3)
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path_factory.mktemp("etcdctl-cluster"), 3) as c:
         c.leader()
         yield c
-    finally:
-        c.stop_all()
 
 
 def follower(c: ProcCluster) -> str:

@@ -52,14 +52,10 @@ class Sides:
 
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sides]:
-    c = ProcCluster(tmp_path_factory.mktemp("diff-shards"), 3, extra=("--shards", "8"))
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path_factory.mktemp("diff-shards"), 3, extra=("--shards", "8")) as c:
         c.wait_published()
         with etcd_server(tmp_path_factory.mktemp("etcd-diff-shards")) as e:
             yield Sides(e.endpoint, c.nodes[0].endpoint)
-    finally:
-        c.stop_all()
 
 
 names = st.sampled_from(NAMES)

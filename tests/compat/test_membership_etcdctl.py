@@ -22,12 +22,8 @@ from tests.integration.cluster import HOST, ProcCluster, free_ports
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("member-etcdctl"), 3, extra=("--shards", "2"))
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path_factory.mktemp("member-etcdctl"), 3, extra=("--shards", "2")) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def group_members(c: ProcCluster) -> set[int]:

@@ -259,6 +259,19 @@ class ProcCluster:
             with contextlib.suppress(Exception):
                 self.stop(node)
 
+    def __enter__(self) -> ProcCluster:
+        """Start every member (``start_all``); the ``with`` block's end stops them all,
+        as does a failed start."""
+        try:
+            self.start_all()
+        except BaseException:
+            self.stop_all()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
     # --- client helpers --------------------------------------------------------------
     def status(self, node: ProcNode, timeout: float = 1.0) -> rpc_pb2.StatusResponse:
         return node.maintenance().Status(rpc_pb2.StatusRequest(), timeout=timeout)

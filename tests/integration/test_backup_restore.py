@@ -146,9 +146,7 @@ def test_a_cluster_killed_and_wiped_comes_back_from_one_backup(tmp_path: Path) -
 
 def test_etcdctl_saves_a_backup_from_accord_that_etcdctl_reads(tmp_path: Path) -> None:
     (tmp_path / "c").mkdir()
-    c = ProcCluster(tmp_path / "c", 1)
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path / "c", 1) as c:
         for i in range(50):
             c.put(b"k%d" % i, b"v%d" % i)
         path = tmp_path / "from-etcdctl.db"
@@ -163,8 +161,6 @@ def test_etcdctl_saves_a_backup_from_accord_that_etcdctl_reads(tmp_path: Path) -
         assert ours_d["keys"] == 50 and ours_d["origin"] == "accord"
         table = accord("snapshot", "status", str(path))
         assert "REVISION" in table.stdout and str(theirs_d["revision"]) in table.stdout
-    finally:
-        c.stop_all()
 
 
 def test_bad_backups_are_refused_naming_what_is_wrong(tmp_path: Path) -> None:

@@ -15,13 +15,9 @@ from tests.integration.cluster import ProcCluster
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("cli"), 3)
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path_factory.mktemp("cli"), 3) as c:
         c.leader()
         yield c
-    finally:
-        c.stop_all()
 
 
 def accord(*args: str) -> subprocess.CompletedProcess[str]:

@@ -41,13 +41,9 @@ from tests.integration.proxy import LinkProxies
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("client"), 3)
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path_factory.mktemp("client"), 3) as c:
         c.leader()
         yield c
-    finally:
-        c.stop_all()
 
 
 def live(c: ProcCluster) -> list[ProcNode]:

@@ -24,13 +24,9 @@ BLOCKS = re.findall(r"^```python\n(.*?)^```$", DOC.read_text(), flags=re.S | re.
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("docs"), 3)
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path_factory.mktemp("docs"), 3) as c:
         c.leader()
         yield c
-    finally:
-        c.stop_all()
 
 
 def test_the_guide_has_its_examples() -> None:

@@ -14,12 +14,8 @@ from tests.integration.cluster import ProcCluster
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path, 3)
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path, 3) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def test_kill_9_leader_elects_a_new_one_and_the_old_one_catches_up(cluster: ProcCluster) -> None:

@@ -101,12 +101,8 @@ class Client(threading.Thread):
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path, 3)
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path, 3) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def test_histories_under_leader_kills_and_pauses_are_linearizable(cluster: ProcCluster) -> None:

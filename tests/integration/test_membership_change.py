@@ -28,12 +28,8 @@ from tests.integration.cluster import HOST, ProcCluster, ProcNode
 
 @pytest.fixture()
 def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path, 3, extra=("--shards", "2"))
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path, 3, extra=("--shards", "2")) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def groups_of(node: ProcNode) -> dict[str, Any]:
@@ -191,9 +187,7 @@ def test_add_a_fourth_node_then_remove_one_under_writes(cluster: ProcCluster) ->
 
 def test_replica_repair_removes_a_member_dead_for_too_long(tmp_path: Path) -> None:
     """Issue #6: with --member-dead-after, a killed voter leaves the cluster by itself."""
-    c = ProcCluster(tmp_path, 4, extra=("--shards", "2", "--member-dead-after", "2"))
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path, 4, extra=("--shards", "2", "--member-dead-after", "2")) as c:
         n1, _, _, n4 = c.nodes
         c.put(b"/r/before", b"1")
         n4_id = c.status(n4).header.member_id
@@ -208,5 +202,3 @@ def test_replica_repair_removes_a_member_dead_for_too_long(tmp_path: Path) -> No
         wait_for("n4 removed by replica repair", removed, timeout=40)
         c.put(b"/r/after", b"2", via=[n1])
         assert c.get(n1, b"/r/before") == b"1" and c.get(n1, b"/r/after") == b"2"
-    finally:
-        c.stop_all()

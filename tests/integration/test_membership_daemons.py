@@ -93,15 +93,11 @@ class Watcher:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("swim"), N, extra=("--gossip-profile", "local"))
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path_factory.mktemp("swim"), N, extra=("--gossip-profile", "local")) as c:
         names = [n.name for n in c.nodes]
         wait_for(lambda: all(state(o, x) == "alive" for o in c.nodes for x in names), 30.0,
                  "every daemon sees every daemon alive")
         yield c
-    finally:
-        c.stop_all()
 
 
 def test_every_daemon_is_a_member_with_its_metadata(cluster: ProcCluster) -> None:

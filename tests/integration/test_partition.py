@@ -106,9 +106,7 @@ def test_a_resumed_lease_holder_never_answers_from_its_expired_lease(tmp_path: P
 
 
 def test_garbage_on_the_peer_port_never_crashes_a_node(tmp_path: Path) -> None:
-    c = ProcCluster(tmp_path, 3)
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path, 3) as c:
         c.put(b"before", b"1")
         victim = c.nodes[0]
         payloads = [
@@ -129,5 +127,3 @@ def test_garbage_on_the_peer_port_never_crashes_a_node(tmp_path: Path) -> None:
         assert victim.proc is not None and victim.proc.poll() is None
         c.put(b"after", b"2")
         assert c.get(victim, b"after") == b"2"
-    finally:
-        c.stop_all()

@@ -25,12 +25,8 @@ T = TypeVar("T")
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path, 3)
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path, 3) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def live(c: ProcCluster) -> list[ProcNode]:

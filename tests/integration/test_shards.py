@@ -28,13 +28,9 @@ SHARDS = 4
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("shards"), 3, extra=("--shards", str(SHARDS)))
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path_factory.mktemp("shards"), 3, extra=("--shards", str(SHARDS))) as c:
         c.wait_published()
         yield c
-    finally:
-        c.stop_all()
 
 
 def _keys_on_every_shard(prefix: str) -> list[bytes]:

@@ -26,13 +26,9 @@ RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("bank"), 3, extra=("--shards", str(SHARDS)))
-    try:
-        c.start_all()
+    with ProcCluster(tmp_path_factory.mktemp("bank"), 3, extra=("--shards", str(SHARDS))) as c:
         c.wait_published()
         yield c
-    finally:
-        c.stop_all()
 
 
 def _accounts(n: int) -> list[bytes]:

@@ -27,13 +27,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
     root = tmp_path_factory.mktemp("mtls")
-    c = ProcCluster(root, 3, tls=ClusterTLS.make(root / "certs", ["n1", "n2", "n3"]))
-    try:
-        c.start_all()
+    with ProcCluster(root, 3, tls=ClusterTLS.make(root / "certs", ["n1", "n2", "n3"])) as c:
         c.leader()
         yield c
-    finally:
-        c.stop_all()
 
 
 @pytest.fixture(scope="module")
