@@ -183,6 +183,30 @@ async def test_a_multi_shard_txn_writes_every_key_at_one_revision() -> None:
     assert later.header.revision > rev
 
 
+async def test_a_range_too_large_in_a_committed_txn_fails_the_call_not_the_answer() -> None:
+    """A participant's range over the result limit cannot refuse once the decision is
+    made: the writes stand, and the client gets ResourceExhausted (as etcd fails a call
+    whose response is over its limit), never a response that silently lacks the keys."""
+    from accord.services.kv.errors import EtcdError
+    from accord.services.kv.limits import Limits
+
+    limits = Limits(max_range_result_bytes=4096)
+    b = Shards()
+    b.machines = [KVStateMachine(limits=limits, lease_id_seed=i + 2) for i in range(SHARDS)]
+    b.sm = b.machines[0]
+    b.xcoord.limits = limits
+    k1, k2 = KEYS[0], next(k for k in KEYS if b.shard_of(k) != b.shard_of(KEYS[0]))
+    big = next(k for k in KEYS if k not in (k1, k2))
+    await b.put(pb.PutRequest(key=big, value=b"x" * 8192))
+    with pytest.raises(EtcdError) as e:
+        await b.txn(pb.TxnRequest(success=[op_put(k1, b"1"), op_put(k2, b"2"), op_get(big)]))
+    assert "range result too large" in e.value.message
+    await b.xcoord.drain()
+    assert (await b.range(pb.RangeRequest(key=k1))).kvs[0].value == b"1"
+    assert (await b.range(pb.RangeRequest(key=k2))).kvs[0].value == b"2"
+    assert all(not m.intents for m in b.machines)
+
+
 async def test_a_write_and_a_read_that_meet_an_intent_wait_for_the_decision() -> None:
     b = Shards()
     k1, k2 = KEYS[0], next(k for k in KEYS if b.shard_of(k) != b.shard_of(KEYS[0]))

@@ -564,14 +564,14 @@ class KVStateMachine:
 
         wt = self._store.begin_at(intent.rev)
         try:
-            resp = xtxn.run_share(self._exec, wt, req, path, owns)
+            resp, error = xtxn.run_share(self._exec, wt, req, path, owns)
         except BaseException:
             wt.rollback()
             raise
         del x.intents[txn_id]
         self._commit_at(wt)
         self._release()
-        return xcommands.Committed(resp, decision)
+        return xcommands.Committed(resp, decision, error)
 
     def _commit_at(self, wt: WriteTxn) -> None:
         """Commit a retro write: its events join the held ones at their revision."""

@@ -115,3 +115,6 @@ class Committed:
 
     response: rpc_pb2.TxnResponse | None
     decision: Decision | None = None
+    error: errors.EtcdError | None = None
+    """A range of the share that could not be answered (``xtxn.run_share``): the
+    coordinator's answer to the client, although the Txn is committed."""

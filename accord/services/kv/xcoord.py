@@ -169,6 +169,8 @@ class Coordinator:
                 self._finishing.add(task)
                 task.add_done_callback(self._finishing.discard)
                 self.stats["committed"] += 1
+                if first.error is not None:
+                    raise first.error
                 parts0 = {record: first.response} if first.response is not None else {}
                 return xtxn.merge(req, path, parts0, rev, self.limits,
                                   lambda k: sharding.shard_of(k, n))
@@ -181,6 +183,9 @@ class Coordinator:
                 if r.response is not None:
                     parts[s] = r.response
             self.stats["committed"] += 1
+            for r in (first, *rest):
+                if r.error is not None:
+                    raise r.error  # committed, but a range of it could not be answered
             return xtxn.merge(req, path, parts, rev, self.limits,
                               lambda k: sharding.shard_of(k, n))
         raise EtcdError(

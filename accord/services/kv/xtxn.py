@@ -191,14 +191,18 @@ def first_error(
 def run_share(
     ex: Executor, wt: WriteTxn, req: rpc_pb2.TxnRequest, path: Sequence[bool],
     owns: Callable[[bytes], bool],
-) -> rpc_pb2.TxnResponse:
+) -> tuple[rpc_pb2.TxnResponse, EtcdError | None]:
     """This shard's share of the taken path, written in ``wt`` (at the Txn's revision):
-    the puts of keys it holds, its part of every range and delete. A range too large
-    answers empty here (the decision is made; a participant cannot refuse any more)."""
+    the puts of keys it holds, its part of every range and delete; and the error of a
+    range of it that could not be answered (too large). The decision is made, so the
+    writes stand; such a range answers empty here and the error goes back with the
+    share, for the coordinator to give the client instead of an answer missing keys
+    (as etcd fails a call whose response is over its size limit after applying it)."""
     resp = rpc_pb2.TxnResponse()
-    _run(ex, wt, wt.rev, req, path, [0], owns, resp)
+    failed: list[EtcdError] = []
+    _run(ex, wt, wt.rev, req, path, [0], owns, resp, failed)
     resp.header.revision = wt.rev
-    return resp
+    return resp, (failed[0] if failed else None)
 
 
 def read_share(
@@ -215,7 +219,7 @@ def read_share(
 def _run(
     ex: Executor, wt: WriteTxn | None, rev: int, req: rpc_pb2.TxnRequest,
     path: Sequence[bool], p: list[int], owns: Callable[[bytes], bool],
-    resp: rpc_pb2.TxnResponse,
+    resp: rpc_pb2.TxnResponse, failed: list[EtcdError] | None = None,
 ) -> None:
     ok = path[p[0]]
     p[0] += 1
@@ -226,13 +230,14 @@ def _run(
         if which == "request_range":
             try:
                 out.response_range.CopyFrom(ex.range(op.request_range, rev))
-            except EtcdError:
-                if wt is None:
+            except EtcdError as e:
+                if wt is None or failed is None:
                     raise
                 out.response_range.SetInParent()
+                failed.append(e)
         elif which == "request_txn":
             out.response_txn.header.SetInParent()
-            _run(ex, wt, rev, op.request_txn, path, p, owns, out.response_txn)
+            _run(ex, wt, rev, op.request_txn, path, p, owns, out.response_txn, failed)
         elif wt is None:
             raise ValueError("a read share of a Txn that writes")
         elif which == "request_put":
