@@ -150,10 +150,14 @@ class Membership:
         self._pump()
 
     async def leave(self, timeout: float | None = None) -> None:
-        """Announce a graceful leave and give gossip a moment to carry it."""
+        """Announce a graceful leave and give gossip a moment to carry it (no moment
+        when no other member is alive or suspect: nobody is there to tell)."""
         proto = self._require()
+        alone = proto.live_count <= 1
         proto.leave(asyncio.get_running_loop().time())
         self._pump()
+        if alone:
+            return
         wait = timeout if timeout is not None else 3 * max(self.config.gossip_interval, self.config.probe_interval / 2)
         await asyncio.sleep(wait)
 

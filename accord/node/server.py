@@ -421,13 +421,12 @@ class Node:
 
     async def _transfer_leaderships(self) -> None:
         led = [gid for gid, g in self.host.groups.items() if g.core.role == Role.LEADER]
-        peers = [n for n in self.host.group(KV_GROUP).core.conf_state.voters if n != self.member_id]
+        peers = [n for n in self.host.group(KV_GROUP).core.conf_state.voters
+                 if n != self.member_id and self.transport.connected(n)]
         if not led or not peers:
-            return
+            return  # nobody to hand over to (the last member, or the others down): no wait
         for i, gid in enumerate(led):
-            target = peers[i % len(peers)]
-            if self.transport.connected(target):
-                self.host.transfer_leader(gid, target)
+            self.host.transfer_leader(gid, peers[i % len(peers)])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 2.0
         while loop.time() < deadline:

@@ -84,3 +84,38 @@ async def test_bad_use_is_refused_clearly() -> None:
         assert m.local_member.meta == {}
     finally:
         await m.stop()
+
+
+async def test_a_leave_waits_for_gossip_only_when_someone_is_there_to_hear_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last member (or one whose peers are all gone) has nobody to tell: its leave
+    does not wait for gossip rounds, so a cluster's last daemon stops at once. With a
+    peer alive, the leave still gives gossip its rounds (and the peer sees LEFT)."""
+    import accord.membership.node as node_module
+
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recording_sleep(delay: float, *args: object) -> None:
+        waits.append(delay)
+        await real_sleep(0)
+
+    alone = Membership(SwimConfig.local(), bind=("127.0.0.1", 0), name="solo")
+    await alone.start()
+    try:
+        monkeypatch.setattr(node_module.asyncio, "sleep", recording_sleep)
+        await alone.leave(timeout=5.0)
+        assert 5.0 not in waits
+    finally:
+        monkeypatch.undo()
+        await alone.stop()
+    group = await start_group(2, SwimConfig.local())
+    try:
+        await wait_for(lambda: all(len(m.members()) == 2 for m in group))
+        monkeypatch.setattr(node_module.asyncio, "sleep", recording_sleep)
+        await group[1].leave(timeout=5.0)
+        assert 5.0 in waits
+    finally:
+        monkeypatch.undo()
+        for m in group:
+            await m.stop()
