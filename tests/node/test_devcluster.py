@@ -63,13 +63,25 @@ while time.monotonic() < deadline:
 '''
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections (32768 by default)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_base(nodes: int) -> int:
-    """A base port with 2*nodes consecutive free ports on 127.0.0.1."""
+    """A base port whose 2*nodes client/peer ports and the gossip/metrics ports 1000
+    above them are free on 127.0.0.1, all below the kernel's ephemeral range (so that
+    no test's outgoing connection takes one of them between this check and the bind)."""
     rng = random.Random()
+    top = min(40000, _ephemeral_low()) - 1000 - 2 * nodes
     for _ in range(50):
-        base = rng.randrange(20000, 40000, 2)
+        base = rng.randrange(10000, top, 2)
         ok = True
-        for p in range(base, base + 2 * nodes):
+        wanted = [*range(base, base + 2 * nodes), *range(base + 1000, base + 1000 + 2 * nodes)]
+        for p in wanted:
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", p))
