@@ -144,6 +144,9 @@ class Watch:
         self._queue: asyncio.Queue[WatchEvent | BaseException | object] = asyncio.Queue(
             QUEUE_RESPONSES)
         self._call: Any = None
+        self._writing = asyncio.Lock()
+        """One write at a time on the stream: grpc refuses a second while one is pending
+        (TOO_MANY_OPERATIONS), and a caller's progress request can meet the watch's own."""
         self._progress_waiters: list[asyncio.Future[int]] = []
         self._created = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -230,7 +233,7 @@ class Watch:
         self._progress_waiters.append(fut)
         try:
             await self._floor(self._pool.channel(self.endpoint))
-            await self._call.write(rpc_pb2.WatchRequest(
+            await self._send(self._call, rpc_pb2.WatchRequest(
                 progress_request=rpc_pb2.WatchProgressRequest()))
             return await asyncio.wait_for(fut, timeout or self._pool.call_timeout_s)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as e:
@@ -315,7 +318,7 @@ class Watch:
         self._call = call
         self._asking = False
         try:
-            await call.write(rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(
+            await self._send(call, rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(
                 key=self._key, range_end=self._end, start_revision=self.progress_revision + 1,
                 prev_kv=self._prev_kv, filters=self._filters, progress_notify=True)))
             while True:
@@ -386,8 +389,13 @@ class Watch:
             await self._floor(self._pool.channel(self.endpoint))
         except grpc.aio.AioRpcError:
             pass  # the progress request still helps; a broken stream shows up on read
-        await self._call.write(rpc_pb2.WatchRequest(
+        await self._send(self._call, rpc_pb2.WatchRequest(
             progress_request=rpc_pb2.WatchProgressRequest()))
+
+    async def _send(self, call: Any, request: rpc_pb2.WatchRequest) -> None:
+        """Write ``request`` on ``call`` once no other write is pending on it."""
+        async with self._writing:
+            await call.write(request)
 
 
 class _Done(Exception):
