@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -140,10 +140,11 @@ FAST = HostConfig(tick_interval=0.02, election_ticks=10, request_timeout=3.0, sn
 C = TypeVar("C", bound=Cluster)
 
 
-async def running_cluster(tmp_path: Path, kind: type[C]) -> AsyncIterator[C]:
-    """Three hosts (of cluster class ``kind``) over real loopback links, started;
-    stopped at the end."""
-    c = kind(tmp_path, FAST)
+async def running_cluster(tmp_path: Path, kind: type[C],
+                          config: HostConfig = FAST) -> AsyncGenerator[C, None]:
+    """Three hosts (of cluster class ``kind``, timing ``config``) over real loopback
+    links, started; stopped at the end."""
+    c = kind(tmp_path, config)
     try:
         for nid in (1, 2, 3):
             await c.start_node(nid)
