@@ -188,20 +188,34 @@ class ProcCluster:
             self.wait_serving(node)
         self.wait_published()
 
-    def wait_published(self, timeout: float = 30.0) -> None:
-        """Wait until every member has published its client URLs (through the meta group)."""
+    def wait_published(self, timeout: float = 60.0) -> None:
+        """Wait until every member has published its client URLs (through the meta group).
+
+        A member that exits meanwhile fails the wait at once with its log; a timeout
+        (a start on a machine busy enough to delay the meta group's first elections)
+        says what the members last answered and ends with every member's log."""
         deadline = time.monotonic() + timeout
+        last: dict[str, str] = {}
         while time.monotonic() < deadline:
             for n in self.nodes:
-                if n.proc is None or n.proc.poll() is not None or n.paused:
+                if n.proc is not None and n.proc.poll() is not None:
+                    raise AssertionError(f"{n.name} exited with {n.proc.returncode} before the "
+                                         f"members published; log:\n{self.log(n)}")
+                if n.proc is None or n.paused:
                     continue
-                with contextlib.suppress(grpc.RpcError):
+                try:
                     members = rpc_pb2_grpc.ClusterStub(n.channel()).MemberList(
                         rpc_pb2.MemberListRequest(), timeout=1.0).members
-                    if len(members) == len(self.nodes) and all(m.clientURLs for m in members):
-                        return
+                except grpc.RpcError as e:
+                    last[n.name] = f"{e.code().name}: {e.details()}"
+                    continue
+                if len(members) == len(self.nodes) and all(m.clientURLs for m in members):
+                    return
+                last[n.name] = ", ".join(f"{m.name or m.ID}={list(m.clientURLs)}" for m in members)
             time.sleep(0.05)
-        raise AssertionError(f"members did not publish their client URLs within {timeout}s")
+        logs = "\n".join(f"--- {n.name}:\n{self.log(n)[-1500:]}" for n in self.nodes)
+        raise AssertionError(f"members did not publish their client URLs within {timeout}s; "
+                             f"last answers: {last}\n{logs}")
 
     def wait_serving(self, node: ProcNode, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
