@@ -1,0 +1,147 @@
+"""etcd unary calls forwarded between workers over real gRPC and a real Unix socket
+(accord/node/forwardgrpc.py on accord/node/forward.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from accord.node.forward import ForwardClient, ForwardServer
+from accord.node.forwardgrpc import forward_unary, owner_handlers
+from accord.proto import rpc_pb2, rpc_pb2_grpc
+
+RANGE = "/etcdserverpb.KV/Range"
+PUT = "/etcdserverpb.KV/Put"
+
+
+class OwnerKV:
+    """The owning worker's servicer: Range answers with the key and the caller's token,
+    Put refuses as etcd does for a missing lease, and waits when asked to."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+
+    async def Range(self, request: rpc_pb2.RangeRequest, context: Any) -> rpc_pb2.RangeResponse:
+        token = dict(context.invocation_metadata()).get("token", "")
+        kv = rpc_pb2.RangeResponse(count=1)
+        item = kv.kvs.add()
+        item.key = request.key
+        item.value = str(token).encode()
+        return kv
+
+    async def Put(self, request: rpc_pb2.PutRequest, context: Any) -> rpc_pb2.PutResponse:
+        if request.key == b"slow":
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        await context.abort(grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found")
+
+
+def generated(servicer: OwnerKV) -> dict[str, grpc.RpcMethodHandler]:
+    return {
+        RANGE: grpc.unary_unary_rpc_method_handler(
+            servicer.Range, request_deserializer=rpc_pb2.RangeRequest.FromString,
+            response_serializer=rpc_pb2.RangeResponse.SerializeToString),
+        PUT: grpc.unary_unary_rpc_method_handler(
+            servicer.Put, request_deserializer=rpc_pb2.PutRequest.FromString,
+            response_serializer=rpc_pb2.PutResponse.SerializeToString),
+    }
+
+
+class Stripped:
+    """Broken variant's context: forwards without the caller's metadata."""
+
+    def __init__(self, context: Any) -> None:
+        self._c = context
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._c, name)
+
+
+def front(client: ForwardClient, broken: bool) -> grpc.GenericRpcHandler:
+    """The worker the client's connection landed on: forwards every KV call it gets."""
+
+    def forwarding(method: str, deserialize: Any) -> Any:
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            ctx: Any = Stripped(context) if broken else context
+            return await forward_unary(client, method, request, ctx, deserialize)
+        return handle
+
+    return grpc.method_handlers_generic_handler("etcdserverpb.KV", {
+        "Range": grpc.unary_unary_rpc_method_handler(
+            forwarding(RANGE, rpc_pb2.RangeResponse.FromString),
+            request_deserializer=rpc_pb2.RangeRequest.FromString,
+            response_serializer=rpc_pb2.RangeResponse.SerializeToString),
+        "Put": grpc.unary_unary_rpc_method_handler(
+            forwarding(PUT, rpc_pb2.PutResponse.FromString),
+            request_deserializer=rpc_pb2.PutRequest.FromString,
+            response_serializer=rpc_pb2.PutResponse.SerializeToString),
+    })
+
+
+@pytest.fixture
+async def node(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[tuple[OwnerKV, rpc_pb2_grpc.KVStub]]:
+    owner = OwnerKV()
+    sock = tmp_path / "worker-1.sock"
+    fwd = ForwardServer(sock, owner_handlers(generated(owner)))
+    await fwd.start()
+    client = ForwardClient(sock)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((front(client, getattr(request, "param", False)),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield owner, rpc_pb2_grpc.KVStub(channel)
+    finally:
+        await channel.close()
+        await server.stop(None)
+        await client.close()
+        await fwd.stop()
+
+
+async def test_a_forwarded_range_is_answered_by_the_owner_with_the_callers_metadata(node: Any) -> None:
+    _, kv = node
+    resp = await kv.Range(rpc_pb2.RangeRequest(key=b"/a/b"), metadata=(("token", "tok.1"),), timeout=10)
+    assert [(x.key, x.value) for x in resp.kvs] == [(b"/a/b", b"tok.1")]
+
+
+@pytest.mark.parametrize("node", [True], indirect=True)
+async def test_broken_variant_that_drops_metadata_is_caught(node: Any) -> None:
+    _, kv = node
+    resp = await kv.Range(rpc_pb2.RangeRequest(key=b"/a/b"), metadata=(("token", "tok.1"),), timeout=10)
+    assert [(x.key, x.value) for x in resp.kvs] != [(b"/a/b", b"tok.1")]
+
+
+async def test_the_owners_error_is_the_callers_status(node: Any) -> None:
+    _, kv = node
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await kv.Put(rpc_pb2.PutRequest(key=b"k", value=b"v", lease=7), timeout=10)
+    assert exc.value.code() == grpc.StatusCode.NOT_FOUND
+    assert exc.value.details() == "etcdserver: requested lease not found"
+
+
+async def test_the_callers_deadline_reaches_the_owner(node: Any) -> None:
+    owner, kv = node
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await kv.Put(rpc_pb2.PutRequest(key=b"slow", value=b"v"), timeout=0.5)
+    assert exc.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await asyncio.wait_for(owner.cancelled.wait(), 10)
+
+
+def test_only_unary_calls_are_forwarded() -> None:
+    async def watch(requests: Any, context: Any) -> Any:
+        yield rpc_pb2.WatchResponse()
+
+    handlers = {**generated(OwnerKV()), "/etcdserverpb.Watch/Watch": grpc.stream_stream_rpc_method_handler(watch)}
+    assert sorted(owner_handlers(handlers)) == [PUT, RANGE]
