@@ -319,7 +319,9 @@ class Hello:
     """The handshake each side sends first on a new connection.
 
     ``kind`` is ``"raft"`` (message frames) or ``"snapshot"`` (a snapshot stream);
-    ``to_node`` is the node the dialer expects to reach (0 in the acceptor's reply).
+    ``to_node`` is the node the dialer expects to reach (0 in the acceptor's reply);
+    ``worker`` is the sender's worker index in a node of several workers
+    (``docs/workers.md``: worker ``k`` only talks to worker ``k`` of other nodes).
     """
 
     protocol_version: int
@@ -327,11 +329,17 @@ class Hello:
     cluster_id: int
     kind: str
     to_node: int = 0
+    worker: int = 0
 
 
 def encode_hello(h: Hello) -> bytes:
-    """Handshake bytes: ``[MAGIC, protocol_version, node_id, cluster_id, kind, to_node]``."""
-    return _pack([MAGIC, h.protocol_version, h.node_id, h.cluster_id, h.kind, h.to_node])
+    """Handshake bytes: ``[MAGIC, protocol_version, node_id, cluster_id, kind, to_node]``,
+    plus ``worker`` as a seventh field when it is not 0 (so a node of one worker sends
+    the same bytes as before workers existed, and older peers still understand it)."""
+    fields: list[Any] = [MAGIC, h.protocol_version, h.node_id, h.cluster_id, h.kind, h.to_node]
+    if h.worker:
+        fields.append(h.worker)
+    return _pack(fields)
 
 
 def decode_hello(data: bytes) -> Hello:
@@ -347,12 +355,14 @@ def decode_hello(data: bytes) -> Hello:
     version = _int(v[1], "protocol version")
     if version != PROTOCOL_VERSION:
         return Hello(version, 0, 0, "")
-    if len(v) != 6:
-        raise CodecError(f"handshake: expected 6 fields, got {len(v)}")
+    if len(v) not in (6, 7):
+        raise CodecError(f"handshake: expected 6 or 7 fields, got {len(v)}")
     kind = v[4]
     if type(kind) is not str:
         raise CodecError("handshake: kind must be a string")
-    return Hello(version, _int(v[2], "node id"), _int(v[3], "cluster id"), kind, _int(v[5], "to node"))
+    worker = _int(v[6], "worker") if len(v) == 7 else 0
+    return Hello(version, _int(v[2], "node id"), _int(v[3], "cluster id"), kind,
+                 _int(v[5], "to node"), worker)
 
 
 def encode_reject(reason: str) -> bytes:

@@ -15,8 +15,8 @@ Usage (the Multi-Raft host owns one ``PeerTransport`` per node)::
 
 Wire protocol (see ``codec.py`` for the payloads). Every connection starts with a
 handshake: the dialer sends ``Hello(protocol_version, node_id, cluster_id, kind,
-to_node)`` as one frame; the acceptor checks magic, version, cluster and that it
-is the node meant, then answers with its own ``Hello`` or with a reject frame
+to_node, worker)`` as one frame; the acceptor checks magic, version, cluster and that it
+is the node (and, in a node of several workers, the worker) meant, then answers with its own ``Hello`` or with a reject frame
 naming the reason, and closes. A frame is a 4-byte big-endian length followed by
 that many bytes of msgpack; a length above ``max_frame_bytes``, bytes that do not
 decode, or a handshake that fails all close that one connection, log the reason
@@ -176,6 +176,7 @@ class PeerTransport:
         backoff_min: float = 0.05,
         backoff_max: float = 2.0,
         tls: PeerTLS | None = None,
+        worker: int = 0,
     ) -> None:
         """Make a transport; nothing happens on the network until ``start``.
 
@@ -185,7 +186,8 @@ class PeerTransport:
         frames close the connection). ``idle_timeout`` closes an inbound connection
         that sent nothing (not even a keepalive) for that long. ``tls`` puts every
         connection, both ways, under mutual TLS (see ``tls.py``); without it the
-        links are plaintext.
+        links are plaintext. ``worker`` is this transport's worker index in a node of
+        several workers: handshakes from or to another index are refused.
         """
         if node_id <= 0:
             raise ValueError(f"node_id must be > 0, got {node_id}")
@@ -194,6 +196,7 @@ class PeerTransport:
                              f"({keepalive_interval}s), or idle links would be dropped")
         self.node_id = node_id
         self.cluster_id = cluster_id
+        self.worker = worker
         self.stats = TransportStats()
         self._host = listen_host
         self._port = listen_port
@@ -409,7 +412,8 @@ class PeerTransport:
             reader, writer = await peertls.dial(peer.host, peer.port, self._tls,
                                                 self._connect_timeout)
         try:
-            hello = Hello(PROTOCOL_VERSION, self.node_id, self.cluster_id, kind, peer.node_id)
+            hello = Hello(PROTOCOL_VERSION, self.node_id, self.cluster_id, kind, peer.node_id,
+                          self.worker)
             writer.write(frame(codec.encode_hello(hello)))
             try:
                 payload = await read_frame(reader, _HELLO_MAX, self._io_timeout)
@@ -505,6 +509,9 @@ class PeerTransport:
             return f"reached node {h.node_id}, expected node {expect_node}"
         if h.to_node not in (0, self.node_id):
             return f"connection meant for node {h.to_node}, this is node {self.node_id}"
+        if h.worker != self.worker:
+            return (f"worker mismatch: peer is worker {h.worker}, this is worker {self.worker} "
+                    f"(a node's worker k only links to worker k of the others)")
         if expect_kind is not None and h.kind != expect_kind:
             return f"unexpected connection kind {h.kind!r}"
         if h.kind not in ("raft", "snapshot"):
@@ -542,7 +549,8 @@ class PeerTransport:
             if problem:
                 writer.write(frame(codec.encode_reject(problem)))
                 raise FrameError(problem)
-            reply = Hello(PROTOCOL_VERSION, self.node_id, self.cluster_id, hello.kind, hello.node_id)
+            reply = Hello(PROTOCOL_VERSION, self.node_id, self.cluster_id, hello.kind, hello.node_id,
+                          self.worker)
             writer.write(frame(codec.encode_hello(reply)))
             self.stats.accepts += 1
             stage = "frames"

@@ -113,12 +113,18 @@ def test_decode_frame_size_limit() -> None:
 def test_hello_round_trip_and_checks() -> None:
     h = Hello(codec.PROTOCOL_VERSION, 5, 77, "raft", 6)
     assert codec.decode_hello(codec.encode_hello(h)) == h
+    # worker 0 sends the six fields of a node without workers; another worker a seventh
+    assert msgpack.unpackb(codec.encode_hello(h)) == [codec.MAGIC, codec.PROTOCOL_VERSION, 5, 77, "raft", 6]
+    w = Hello(codec.PROTOCOL_VERSION, 5, 77, "raft", 6, worker=3)
+    assert codec.decode_hello(codec.encode_hello(w)) == w
+    with pytest.raises(CodecError, match="worker"):
+        codec.decode_hello(msgpack.packb([codec.MAGIC, codec.PROTOCOL_VERSION, 5, 77, "raft", 6, -1]))
     with pytest.raises(CodecError, match="magic"):
         codec.decode_hello(msgpack.packb(["etcd", 1, 2, 3, "raft", 0]))
     # a future version is reported as such, not as a parse error
     future = codec.decode_hello(msgpack.packb([codec.MAGIC, 99, "whatever"]))
     assert future.protocol_version == 99
-    with pytest.raises(CodecError, match="6 fields"):
+    with pytest.raises(CodecError, match="6 or 7 fields"):
         codec.decode_hello(msgpack.packb([codec.MAGIC, codec.PROTOCOL_VERSION, 1]))
     assert codec.decode_reject(codec.encode_reject("go away")) == "go away"
     assert codec.decode_reject(codec.encode_hello(h)) is None

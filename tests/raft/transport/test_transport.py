@@ -220,6 +220,7 @@ BAD_INPUTS = {
     "version mismatch": _hello(protocol_version=codec.PROTOCOL_VERSION + 1),
     "wrong target": _hello(to_node=3),
     "unknown kind": _hello(kind="gossip"),
+    "wrong worker": _hello(worker=1),
     "malformed frame after handshake": _hello() + _frame(b"\xc1\xc1\xc1"),
     "bad message after handshake": _hello() + _frame(msgpack.packb([1, [[1, [200]]], [], []])),
 }
@@ -241,14 +242,15 @@ async def test_bad_input_closes_that_connection_only() -> None:
                 writer.write_eof()
             rest = await asyncio.wait_for(reader.read(), 5.0)  # b closes: read() reaches EOF
             writer.close()
-            if name in ("wrong cluster", "version mismatch", "wrong target", "unknown kind"):
+            if name in ("wrong cluster", "version mismatch", "wrong target", "unknown kind",
+                        "wrong worker"):
                 assert codec.decode_reject(rest[4:]) is not None, name
             # the node keeps serving its real peer
             a.send(2, 1, Message(MessageType.HEARTBEAT, 2, 1, term=1))
             a.flush()
             want = len(b_box.messages) + 1
             await until(lambda w=want: len(b_box.messages) == w, f"traffic after {name}")  # type: ignore[misc]
-        assert b.stats.handshake_failures == 9  # every bad input before a completed handshake
+        assert b.stats.handshake_failures == 10  # every bad input before a completed handshake
         assert b.stats.malformed_frames == 2
         assert a.connected(2)
     finally:
@@ -269,6 +271,44 @@ async def test_dialer_logs_and_counts_rejected_handshake() -> None:
     finally:
         await a.stop()
         await b.stop()
+
+
+class IgnoresWorker(PeerTransport):
+    """Broken variant: accepts a handshake from any worker index."""
+
+    def _check_hello(self, h: Hello, *, expect_node: int, expect_kind: str | None) -> str:
+        return super()._check_hello(Hello(h.protocol_version, h.node_id, h.cluster_id, h.kind,
+                                          h.to_node, self.worker),
+                                    expect_node=expect_node, expect_kind=expect_kind)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+async def test_workers_link_only_to_the_same_worker_of_other_nodes(broken: bool) -> None:
+    cls = IgnoresWorker if broken else PeerTransport
+    boxes = [Inbox() for _ in range(3)]
+    # node 2's worker 1 and worker 0 (other ports); node 1's worker 1 dials both.
+    b1 = cls(2, "127.0.0.1", 0, on_messages=boxes[0].on_messages, cluster_id=CLUSTER, worker=1)
+    b0 = cls(2, "127.0.0.1", 0, on_messages=boxes[1].on_messages, cluster_id=CLUSTER, worker=0)
+    a1 = make(1, boxes[2], worker=1)
+    wrong = cls(3, "127.0.0.1", 0, on_messages=Inbox().on_messages, cluster_id=CLUSTER, worker=1,
+                backoff_min=0.01, backoff_max=0.1)
+    for t in (b1, b0, a1, wrong):
+        await t.start()
+    try:
+        a1.set_peer(2, "127.0.0.1", b1.listen_port)
+        await until(lambda: a1.connected(2), "worker 1 to worker 1")
+        a1.send(2, 1, Message(MessageType.HEARTBEAT, 2, 1, term=1))
+        a1.flush()
+        await until(lambda: len(boxes[0].messages) == 1, "a message between workers 1")
+        wrong.set_peer(2, "127.0.0.1", b0.listen_port)
+        if broken:
+            await until(lambda: wrong.connected(2), "the broken variant links across workers")
+        else:
+            await until(lambda: b0.stats.handshake_failures >= 2, "worker 1 refused by worker 0")
+            assert not wrong.connected(2) and b0.stats.accepts == 0
+    finally:
+        for t in (b1, b0, a1, wrong):
+            await t.stop()
 
 
 class FlakySink:
