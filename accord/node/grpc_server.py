@@ -77,9 +77,18 @@ class ServerOptions:
     """Calls gRPC's core may hold for the Python server before refusing more. Its default
     (1,000; hard limit 3,000) cancels calls once about a thousand are in flight, which
     etcd never does; a coordination store serving thousands of clients needs more."""
+    share_port: bool = False
+    """Bind the client port with ``SO_REUSEPORT``, so that the workers of a node of several
+    (``docs/workers.md``) all listen on it and the kernel spreads connections over them.
+    Off for a node of one process: a second server on its port is then a mistake, and
+    the bind fails."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.share_port, bool):
+            raise ValueError(f"ServerOptions.share_port must be a bool, got {self.share_port!r}")
         for name in self.__slots__:
+            if name == "share_port":
+                continue
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ServerOptions.{name} must be a positive integer, got {value!r}")
@@ -96,7 +105,7 @@ class ServerOptions:
             ("grpc.max_send_message_length", -1),
             ("grpc.max_receive_message_length", self.max_request_bytes + GRPC_OVERHEAD_BYTES),
             ("grpc.max_concurrent_streams", self.max_concurrent_streams),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(self.share_port)),
             ("grpc.server.max_pending_requests", self.max_pending_requests),
             ("grpc.server.max_pending_requests_hard_limit", self.max_pending_requests),
         ]

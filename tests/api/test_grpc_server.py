@@ -122,6 +122,29 @@ def test_server_options_are_etcds_and_validated() -> None:
         ServerOptions(max_request_bytes=0)
 
 
+@pytest.mark.parametrize("share", [False, True])
+async def test_the_client_port_is_shared_only_when_asked(share: bool) -> None:
+    """Workers of one node bind the same client port (SO_REUSEPORT); a lone node's port
+    stays its own, so a second server on it fails to bind."""
+    args = ServerOptions(share_port=share).channel_args()
+    first = grpc.aio.server(options=args)
+    second = grpc.aio.server(options=args)
+    try:
+        port = first.add_insecure_port("127.0.0.1:0")
+        await first.start()
+        if share:
+            assert second.add_insecure_port(f"127.0.0.1:{port}") == port
+            await second.start()
+        else:
+            with pytest.raises(RuntimeError):
+                second.add_insecure_port(f"127.0.0.1:{port}")
+    finally:
+        await first.stop(None)
+        await second.stop(None)
+    with pytest.raises(ValueError, match="share_port"):
+        ServerOptions(share_port=1)  # type: ignore[arg-type]
+
+
 async def test_frequent_client_pings_do_not_drop_idle_watch(running: Running) -> None:
     """A client pinging every second (more often than gRPC's default server allows: it
     answers GOAWAY "too many pings" within ~3 s) keeps its idle watch stream."""
