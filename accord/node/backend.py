@@ -35,6 +35,7 @@ from accord.services.kv.backend import (
     now_ms,
 )
 from accord.services.kv.errors import EtcdError
+from accord.services.kv.revorder import ORDER_GATE
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
 from accord.services.kv.xcommands import XTXN_GATE
 
@@ -112,6 +113,11 @@ class ReplicatedBackend(StateMachineBackend):
         """Format-2 commands only once every member advertised it applies them (an older
         member would refuse them and stop applying its log): the cluster-version gate."""
         return self.node.cluster.min_command_format() >= COMPACT_FORMAT
+
+    @property
+    def ordered_commands(self) -> bool:
+        """Whether every member applies ordered stamps (the gate of ``revorder.py``)."""
+        return self.node.cluster.min_command_format() >= ORDER_GATE
 
     @property
     def multi_shard_txns(self) -> bool:

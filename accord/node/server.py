@@ -78,6 +78,7 @@ from accord.services.checkpoints.servicer import add_checkpoints_service
 from accord.services.cluster.members import ClusterStateMachine, MemberRecord, ShardPlacement
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
+from accord.services.kv.revorder import ORDER_GATE
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
 from accord.services.kv.xcommands import XTXN_GATE
 from accord.services.kv.xcoord import FAILPOINT_ENV
@@ -181,7 +182,8 @@ class Node:
         self.members = MemberChanges(self)
         limits = Limits(max_request_bytes=cfg.max_request_bytes, max_txn_ops=cfg.max_txn_ops)
         self.machines = [
-            KVStateMachine(limits=limits, lease_id_seed=kv_group(i)) for i in range(self.shards)
+            KVStateMachine(limits=limits, lease_id_seed=kv_group(i), stripe=(self.shards, i))
+            for i in range(self.shards)
         ]
         self.kv = self.machines[0]
         self.host.add_group(META_GROUP, self.cluster, recovered.get(META_GROUP), voters=voters)
@@ -310,7 +312,7 @@ class Node:
         rose.clear()
         self.cluster.listeners.append(check)
         cmd = ClusterStateMachine.encode_advertise(
-            self.member_id, max(COMPACT_FORMAT, AUTH_FORMAT, XTXN_GATE))
+            self.member_id, max(COMPACT_FORMAT, AUTH_FORMAT, XTXN_GATE, ORDER_GATE))
         while True:
             try:
                 await self.host.propose(META_GROUP, cmd, timeout=2.0)

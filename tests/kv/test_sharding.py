@@ -19,6 +19,7 @@ from accord.proto import rpc_pb2 as pb
 from accord.services.kv import errors, sharding
 from accord.services.kv.backend import HeaderInfo, StateMachineBackend
 from accord.services.kv.errors import EtcdError
+from accord.services.kv.revorder import RevisionOrder, tick_clock
 from accord.services.kv.statemachine import KVStateMachine
 from tests.kv.helpers import op_get, op_put
 
@@ -91,6 +92,7 @@ class InProcessShards(StateMachineBackend):
     def __init__(self, shards: int) -> None:
         super().__init__([KVStateMachine(lease_id_seed=i + 2) for i in range(shards)])
         self.commands: list[tuple[int, bytes]] = []
+        self.order = RevisionOrder(shards, clock_ns=tick_clock())
 
     async def commit(self, command: bytes, shard: int = 0) -> Any:
         self.commands.append((shard, command))

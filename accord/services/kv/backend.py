@@ -37,6 +37,7 @@ from accord.services.cluster.alarms import AlarmTable
 from accord.services.kv import errors, fanout, sharding, xtxn
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
+from accord.services.kv.revorder import RevisionOrder
 from accord.services.kv.xcoord import Coordinator
 
 if TYPE_CHECKING:
@@ -233,6 +234,12 @@ class StateMachineBackend(ABC):
         self.sm = self.machines[0]
         """Shard 0: the home of leases, and the only shard of a one-shard store."""
         self.shards = len(self.machines)
+        if self.shards > 1:
+            for i, m in enumerate(self.machines):
+                if m.stripe == (1, 0):
+                    m.set_stripe((self.shards, i))
+                elif m.stripe != (self.shards, i):
+                    raise ValueError(f"shard {i} is built as {m.stripe}, not ({self.shards}, {i})")
         self.alarms = AlarmTable()
         self._hub: WatchHub | ShardedWatchHub = self.sm.watch_hub
         if self.shards > 1:
@@ -245,6 +252,9 @@ class StateMachineBackend(ABC):
             )
         self.xcoord = Coordinator(self, self.sm.limits)
         """Multi-shard Txns, and the resolution of the intents they leave."""
+        self.order = RevisionOrder(self.shards) if self.shards > 1 else None
+        """Ordered stamps and commit-waits (``revorder.py``); None with one shard, whose
+        revisions are etcd's own counter."""
 
     # --- what a subclass supplies ---------------------------------------------------------
     @abstractmethod
@@ -334,7 +344,10 @@ class StateMachineBackend(ABC):
                     await self.wait_intents(
                         shards[0], [KeyRange.of(req.key, req.range_end)],
                         req.revision if req.revision > 0 else sm.revision)
-            return sm.range(req, validated=True)
+            resp = sm.range(req, validated=True)
+            if self.order is not None and not req.serializable:
+                await self.settle(resp.header.revision)
+            return resp
         if req.serializable:
             # Local and possibly stale, as etcd's serializable reads: each shard as of the
             # requested revision or its own latest, whichever is lower.
@@ -358,6 +371,7 @@ class StateMachineBackend(ABC):
         await self._each(shards, lambda s: self.wait_intents(s, kr, rev))
         sub = fanout.per_shard_request(req, rev)
         parts = [self.machines[s].range(sub) for s in shards]
+        await self.settle(rev)
         return fanout.merge_ranges(req, parts, rev, self.sm.limits)
 
     @property
@@ -365,6 +379,26 @@ class StateMachineBackend(ABC):
         """Whether every member applies format-2 (compact) commands, so a proposer may
         send them; a replicated backend says so once every member advertised it."""
         return True
+
+    @property
+    def ordered_commands(self) -> bool:
+        """Whether every member applies ordered stamps (``revorder.ORDER_GATE``); a
+        replicated backend says so once every member advertised it."""
+        return True
+
+    def stamp(self) -> int:
+        """The ``min_revision`` of a write proposed now: an ordered stamp with several
+        shards (once the gate is open), else 0 (the shard's own next revision)."""
+        order = self.order
+        if order is None or not self.ordered_commands:
+            return 0
+        return order.stamp()
+
+    async def settle(self, revision: int) -> None:
+        """Before answering at ``revision``: the commit-wait of the revision order."""
+        order = self.order
+        if order is not None and not order.ready(revision) and self.ordered_commands:
+            await order.settle(revision)
 
     @property
     def multi_shard_txns(self) -> bool:
@@ -382,15 +416,26 @@ class StateMachineBackend(ABC):
     async def put(self, req: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
         """Validate, encode and commit a Put on its key's shard."""
         self._check_space()
+        if self.shards == 1:
+            if self.compact_commands:
+                command = self.sm.validate_and_encode_put(req)
+            else:
+                command = self.sm.validate_and_encode_put_v1(req)
+            try:
+                result: rpc_pb2.PutResponse = await self.commit(command, 0)
+            except errors.Locked:
+                result = await self.commit_free(command, 0)
+            return result
         if self.compact_commands:
-            command = self.sm.validate_and_encode_put(req)
+            command = self.sm.validate_and_encode_put(req, self.stamp())
         else:
             command = self.sm.validate_and_encode_put_v1(req)
         shard = self.shard_of(req.key)
         try:
-            result: rpc_pb2.PutResponse = await self.commit(command, shard)
+            result = await self.commit(command, shard)
         except errors.Locked:
             result = await self.commit_free(command, shard)
+        await self.settle(result.header.revision)
         return result
 
     async def delete_range(self, req: rpc_pb2.DeleteRangeRequest) -> rpc_pb2.DeleteRangeResponse:
@@ -404,12 +449,14 @@ class StateMachineBackend(ABC):
             gone: rpc_pb2.DeleteRangeResponse = done.responses[0].response_delete_range
             gone.header.revision = done.header.revision
             return gone
-        enc = self.sm.encode_delete_range(req)
+        enc = self.sm.encode_delete_range(req, min_revision=self.stamp())
         parts = await self._each(shards, lambda s: self.commit_free(enc, s))
         if len(parts) == 1:
             result: rpc_pb2.DeleteRangeResponse = parts[0]
-            return result
-        return fanout.merge_deletes(parts)
+        else:
+            result = fanout.merge_deletes(parts)
+        await self.settle(result.header.revision)
+        return result
 
     async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
         """Validate, then serve a read-only Txn as a read, or encode and commit it.
@@ -438,14 +485,17 @@ class StateMachineBackend(ABC):
             if sm.intents.intents:
                 ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
                 await self.wait_intents(shard, ranges, sm.revision)
-            return sm.read_txn(req)
+            read: rpc_pb2.TxnResponse = sm.read_txn(req)
+            await self.settle(read.header.revision)
+            return read
         if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
             self._check_space()
-        command = self.sm.encode_txn(req, compact=compact)
+        command = self.sm.encode_txn(req, compact=compact, min_revision=self.stamp())
         try:
             result: rpc_pb2.TxnResponse = await self.commit(command, shard)
         except errors.Locked:
             result = await self.commit_free(command, shard)
+        await self.settle(result.header.revision)
         return result
 
     async def _read_txn_across(
@@ -467,6 +517,7 @@ class StateMachineBackend(ABC):
         if err is not None:
             raise err
         parts = {s: read(path) for s, (_c, read) in zip(shards, shares, strict=True)}
+        await self.settle(rev)
         return xtxn.merge(req, path, parts, rev, self.sm.limits, self.shard_of)
 
     async def _txn_puts(self, req: rpc_pb2.TxnRequest, items: list[Any]) -> rpc_pb2.TxnResponse:
@@ -483,11 +534,12 @@ class StateMachineBackend(ABC):
                     req, sharding.shards_of_txn(req, self.shards))
             shard = found
         self._check_space()
-        command = self.sm.encode_puts(items, size)
+        command = self.sm.encode_puts(items, size, min_revision=self.stamp())
         try:
             result: rpc_pb2.TxnResponse = await self.commit(command, shard)
         except errors.Locked:
             result = await self.commit_free(command, shard)
+        await self.settle(result.header.revision)
         return result
 
     async def compact(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
@@ -546,11 +598,12 @@ class StateMachineBackend(ABC):
 
     async def lease_revoke(self, req: rpc_pb2.LeaseRevokeRequest) -> rpc_pb2.LeaseRevokeResponse:
         """Encode and commit a lease revocation (its keys go on every shard)."""
-        enc = self.sm.encode_lease_revoke(req)
+        enc = self.sm.encode_lease_revoke(req, min_revision=self.stamp())
         result: rpc_pb2.LeaseRevokeResponse = await self.commit_free(enc, 0)
         if self.shards > 1:
             await self._on_other_shards(enc, (errors.LEASE_NOT_FOUND,))
             result.header.revision = self.revision
+        await self.settle(result.header.revision)
         return result
 
     async def lease_keepalive(self, lease_id: int) -> int:
@@ -592,7 +645,8 @@ class StateMachineBackend(ABC):
         ids = self.sm.expired_leases(now, term if term else None, limit)
         if not ids:
             return []
-        result = await self.commit(self.sm.encode_lease_expire(ids, now, term))
+        result = await self.commit(
+            self.sm.encode_lease_expire(ids, now, term, min_revision=self.stamp()))
         revoked = [int(i) for i in getattr(result, "revoked", ids)]
         # All at once: one round of proposals per shard, not one per lease.
         await asyncio.gather(*(self._drop_elsewhere(i) for i in revoked))
@@ -600,7 +654,8 @@ class StateMachineBackend(ABC):
 
     async def _drop_elsewhere(self, lease_id: int) -> None:
         if self.shards > 1:
-            enc = self.sm.encode_lease_revoke(rpc_pb2.LeaseRevokeRequest(ID=lease_id))
+            enc = self.sm.encode_lease_revoke(rpc_pb2.LeaseRevokeRequest(ID=lease_id),
+                                              min_revision=self.stamp())
             await self._on_other_shards(enc, (errors.LEASE_NOT_FOUND,))
 
     def stray_leases(self) -> set[int]:

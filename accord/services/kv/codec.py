@@ -3,7 +3,8 @@
 A command is a msgpack array ``[FORMAT, kind, payload, min_revision, now_ms, term, extra]``:
 ``payload`` is the serialized etcd request, ``min_revision`` the optional revision floor
 (a write gets revision ``max(current + 1, min_revision)``, so that a multi-shard
-deployment can keep revisions comparable across shards; 0 = none), ``now_ms`` and
+deployment can keep revisions comparable across shards; 0 = none; a negative value is an
+ordered stamp, ``revorder.py``), ``now_ms`` and
 ``term`` the proposing leader's clock and Raft term for lease commands, ``extra`` the
 lease ids of an expire command. The format number lets a future version read old logs.
 """
@@ -57,8 +58,8 @@ def encode(
     ids: tuple[int, ...] | list[int] = (),
 ) -> bytes:
     """Serialize one command."""
-    if min_revision < 0 or now_ms < 0 or term < 0:
-        raise ValueError("min_revision, now_ms and term must be >= 0")
+    if now_ms < 0 or term < 0:
+        raise ValueError("now_ms and term must be >= 0")
     body: list[Any] = [FORMAT, int(kind), payload, min_revision, now_ms, term, list(ids)]
     packed: bytes = msgpack.packb(body, use_bin_type=True)
     return packed

@@ -67,13 +67,16 @@ def versions(h: Hist) -> list[Rec]:
 class MVCCStore:
     """Keys, their version histories, the current and compacted revisions."""
 
-    __slots__ = ("_log_keys", "_log_revs", "compact_rev", "hist", "keys", "rev")
+    __slots__ = ("_log_keys", "_log_revs", "compact_rev", "hist", "keys", "rev", "stripe")
 
     def __init__(self) -> None:
         self.hist: dict[bytes, Hist] = {}
         self.keys = SortedKeys()
         self.rev = 1
         """Current revision: the revision of the last write (1 for an empty store)."""
+        self.stripe = (1, 0)
+        """``(shard count, this shard)``: ordered writes take revisions congruent to the
+        shard modulo the count (configuration, set by the state machine; not snapshot)."""
         self.compact_rev = -1
         """Revision of the last compaction (-1: never compacted, as etcd's compactMainRev)."""
         self._log_revs = array("q")
@@ -121,8 +124,21 @@ class MVCCStore:
 
     # --- writes -----------------------------------------------------------------------
     def begin(self, min_revision: int = 0) -> WriteTxn:
-        """Start a write transaction; its revision is max(rev + 1, min_revision)."""
+        """Start a write transaction; its revision is max(rev + 1, min_revision).
+
+        A negative ``min_revision`` is an *ordered stamp* (``revorder.py``): the revision
+        is the lowest one at or above max(rev + 1, -min_revision) in this shard's stripe,
+        so that no two shards ever write the same revision."""
+        if min_revision < 0:
+            return WriteTxn(self, self.striped(-min_revision))
         return WriteTxn(self, max(self.rev + 1, min_revision))
+
+    def striped(self, stamp: int, owner: int | None = None) -> int:
+        """The lowest revision >= max(rev + 1, ``stamp``) that is ``owner`` (default: this
+        shard) modulo the shard count: the revisions only ``owner`` hands out."""
+        n, s = self.stripe
+        x = max(self.rev + 1, stamp)
+        return x + ((s if owner is None else owner) - x) % n
 
     def begin_at(self, rev: int) -> WriteTxn:
         """Start a *retro* write transaction at ``rev``, which may be below the current

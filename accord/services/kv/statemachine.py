@@ -58,9 +58,18 @@ class ExpireResult:
 class KVStateMachine:
     """MVCC store + leases + watch hub of one shard."""
 
-    def __init__(self, *, limits: Limits | None = None, lease_id_seed: int = 0) -> None:
+    def __init__(
+        self, *, limits: Limits | None = None, lease_id_seed: int = 0,
+        stripe: tuple[int, int] = (1, 0),
+    ) -> None:
         self.limits = limits or Limits()
+        if not (stripe[0] >= 1 and 0 <= stripe[1] < stripe[0]):
+            raise ValueError(f"stripe must be (shards, shard) with 0 <= shard < shards: {stripe}")
+        self.stripe = stripe
+        """``(shard count, this shard's index)``: where its ordered writes' revisions lie
+        (``revorder.py``); every replica of a shard is built with the same."""
         self._store = MVCCStore()
+        self._store.stripe = stripe
         self._leases = LeaseTable(lease_id_seed)
         self._exec = Executor(self._store, self._leases, self.limits)
         self.watch_hub = WatchHub(self._store, self.limits)
@@ -68,6 +77,14 @@ class KVStateMachine:
         self._held: list[tuple[int, list[Change]]] = []
         """Publications above an open intent's revision, held back in revision order
         until it is resolved (``docs/txn.md``, "Watches over several shards")."""
+
+    def set_stripe(self, stripe: tuple[int, int]) -> None:
+        """Place this shard in an ``(shards, index)`` store (before it applies anything
+        ordered; every replica of the shard must be given the same)."""
+        if not (stripe[0] >= 1 and 0 <= stripe[1] < stripe[0]):
+            raise ValueError(f"stripe must be (shards, shard) with 0 <= shard < shards: {stripe}")
+        self.stripe = stripe
+        self._store.stripe = stripe
 
     # --- state -----------------------------------------------------------------------------
     @property
@@ -99,22 +116,22 @@ class KVStateMachine:
     @staticmethod
     def encode_put(req: rpc_pb2.PutRequest, *, min_revision: int = 0) -> bytes:
         """A Put command (compact form)."""
-        if min_revision < 0:
-            raise ValueError("min_revision must be >= 0")
         return _put_command(
             min_revision, req.ByteSize(), req.key, req.value, req.lease, req.prev_kv,
             req.ignore_value, req.ignore_lease,
         )
 
-    def validate_and_encode_put(self, req: rpc_pb2.PutRequest) -> bytes:
+    def validate_and_encode_put(self, req: rpc_pb2.PutRequest, min_revision: int = 0) -> bytes:
         """:meth:`validate_put` then :meth:`encode_put`, reading each field of ``req``
-        once (the proposer's whole work on a Put)."""
+        once (the proposer's whole work on a Put; ``min_revision``: a floor, or a
+        negative ordered stamp, ``revorder.py``)."""
         key, value, lease = req.key, req.value, req.lease
         ignore_value, ignore_lease = req.ignore_value, req.ignore_lease
         validate.put_values(key, value, lease, ignore_value, ignore_lease, self.limits)
         size = req.ByteSize()
         validate.check_size(size, self.limits)
-        return _put_command(0, size, key, value, lease, req.prev_kv, ignore_value, ignore_lease)
+        return _put_command(min_revision, size, key, value, lease, req.prev_kv, ignore_value,
+                            ignore_lease)
 
     def validate_and_encode_put_v1(self, req: rpc_pb2.PutRequest) -> bytes:
         """:meth:`validate_put` then the format-1 Put command (the serialized request),
@@ -158,8 +175,6 @@ class KVStateMachine:
     def encode_puts(items: list[Any], size: int, *, min_revision: int = 0) -> bytes:
         """The compact Txn command of :meth:`plain_puts`' ``items``; ``size``: the
         TxnRequest's serialized size."""
-        if min_revision < 0:
-            raise ValueError("min_revision must be >= 0")
         body = [COMPACT_FORMAT, Kind.TXN.value, min_revision, size, items]
         packed: bytes = msgpack.packb(body, use_bin_type=True)
         return packed
@@ -505,7 +520,10 @@ class KVStateMachine:
                 return xcommands.Prepared(False, "decided", store.rev)
         if txn_id in x.intents:  # a second prepare of one Txn: refused, nothing changes
             return xcommands.Prepared(False, "again", store.rev)
-        rev = max(rev, store.rev + 1)  # the candidate, or the lowest this shard can give
+        if rev < 0:  # an ordered stamp: a revision only the record shard hands out
+            rev = store.striped(-rev, record)
+        else:
+            rev = max(rev, store.rev + 1)  # the candidate, or the lowest this shard can give
         ranges = xtxn.intent_ranges(req, shard, shards, sharding.shards_of_range)
         if x.blocking_any(ranges) is not None:
             return xcommands.Prepared(False, "conflict", store.rev)
@@ -535,7 +553,8 @@ class KVStateMachine:
         if rev <= intent.rev:
             return xcommands.Prepared(True, "", intent.rev)
         if store.rev >= rev:
-            return xcommands.Prepared(False, "behind", store.rev + 1)
+            return xcommands.Prepared(False, "behind",
+                                      store.striped(0, intent.rev % store.stripe[0]))
         intent.rev = rev
         store.raise_floor(rev)
         self._release()
@@ -799,6 +818,7 @@ class KVStateMachine:
             x = IntentTable.load(x_image[0]) if x_image else IntentTable()
         except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
             raise errors.bad_request(f"malformed KV snapshot: {exc}") from exc
+        store.stripe = self.stripe
         self._store = store
         self._leases = leases
         self._exec = Executor(store, leases, self.limits)

@@ -59,6 +59,12 @@ class Participants(Protocol):
     def leads(self, shard: int) -> bool:
         """Whether this member leads ``shard`` (the recovery loop resolves only there)."""
 
+    def stamp(self) -> int:
+        """An ordered stamp (negative) for a write proposed now, or 0 (``revorder.py``)."""
+
+    async def settle(self, revision: int) -> None:
+        """The commit-wait before answering at ``revision``."""
+
 
 class Coordinator:
     """Multi-shard Txns over a backend's shards."""
@@ -106,6 +112,9 @@ class Coordinator:
         for attempt in range(MAX_ATTEMPTS):
             txn_id = random.getrandbits(62) | 1
             rev = max(max(machines[s].revision for s in shards) + 1, floor)
+            stamp = self.parts.stamp()
+            if stamp:  # ordered: the record shard's stripe, at or above the stamp and floor
+                rev = -max(-stamp, floor)
             now = self._now()
             deadline = now + TXN_TIMEOUT_MS
             answers = await asyncio.gather(
@@ -172,6 +181,7 @@ class Coordinator:
                 if first.error is not None:
                     raise first.error
                 parts0 = {record: first.response} if first.response is not None else {}
+                await self.parts.settle(rev)
                 return xtxn.merge(req, path, parts0, rev, self.limits,
                                   lambda k: sharding.shard_of(k, n))
             rest = await asyncio.gather(*(self.parts.commit(
@@ -183,6 +193,7 @@ class Coordinator:
                 if r.response is not None:
                     parts[s] = r.response
             self.stats["committed"] += 1
+            await self.parts.settle(rev)
             for r in (first, *rest):
                 if r.error is not None:
                     raise r.error  # committed, but a range of it could not be answered
