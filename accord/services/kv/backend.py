@@ -38,6 +38,7 @@ from accord.services.kv import errors, fanout, sharding, xtxn
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.revorder import RevisionOrder
+from accord.services.kv.shardwatch import ShardedWatchHub as ShardedWatchHubType
 from accord.services.kv.xcoord import Coordinator
 
 if TYPE_CHECKING:
@@ -249,7 +250,11 @@ class StateMachineBackend(ABC):
             self._hub = ShardedWatchHub(
                 [m.watch_hub for m in self.machines],
                 lambda key, end: sharding.shards_of_range(key, end, n),
+                self._advance_watch,
             )
+        self._floor_want: dict[int, int] = {}
+        """Per shard: the revision merged watchers wait for it to close (``_advance_watch``)."""
+        self._floor_tasks: set[asyncio.Task[None]] = set()
         self.xcoord = Coordinator(self, self.sm.limits)
         """Multi-shard Txns, and the resolution of the intents they leave."""
         self.order = RevisionOrder(self.shards) if self.shards > 1 else None
@@ -299,6 +304,37 @@ class StateMachineBackend(ABC):
         a replicated backend returns its own clock and its Raft term (see STORE_API.md).
         """
         return now_ms(), 0
+
+    def _advance_watch(self, shards: list[int], revision: int) -> None:
+        """A merged watcher holds events at ``revision`` until ``shards`` close it: floor
+        them there (one task per shard at a time, taking the highest wanted), then wake
+        the merged watchers (``shardwatch.Advance``)."""
+        for s in shards:
+            if revision <= self._floor_want.get(s, 0):
+                continue
+            start = s not in self._floor_want
+            self._floor_want[s] = revision
+            if start:
+                task = asyncio.get_running_loop().create_task(
+                    self._floor_loop(s), name=f"watch-floor-{s}")
+                self._floor_tasks.add(task)
+                task.add_done_callback(self._floor_tasks.discard)
+
+    async def _floor_loop(self, shard: int) -> None:
+        done = 0
+        try:
+            while (want := self._floor_want[shard]) > done:
+                try:
+                    await self.floor([shard], want)
+                    done = want
+                except EtcdError:
+                    await asyncio.sleep(0.2)  # no quorum now: the watchers ask again
+                    return
+                finally:
+                    if isinstance(self._hub, ShardedWatchHubType):
+                        self._hub.wake()
+        finally:
+            del self._floor_want[shard]
 
     # --- shared ---------------------------------------------------------------------------
     @property

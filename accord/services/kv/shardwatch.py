@@ -26,7 +26,15 @@ closed (every shard of the member had closed it: ``WatchHub.progress``), so resu
 from one + 1 is safe.
 The hub does not floor on its own: creating a watch is local and needs no quorum.
 
-Rules of a merged watcher:
+Ordered mode (the backends' hubs: an ``advance`` callback given): a merged watcher
+delivers strictly in revision order, every event of one revision in one batch, released
+only up to the lowest closed revision of its shards (:func:`closed_revision`); an idle
+shard behind is asked to advance (the backend floors it) and the watchers are woken when
+it has. The header revision of such a batch is that closed revision. ``docs/txn.md``,
+"Watches over several shards". Without ``advance`` (a hub over shards nobody floors) the
+per-batch rules below apply.
+
+Rules of a merged watcher (per-batch mode):
 
 * Each shard's events keep their order. Among the batches ready at once the lowest
   revision goes first: the sub-watcher with the lowest head is taken, merging its queued
@@ -71,6 +79,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from accord.services.kv.watchhub import (
     Wake,
@@ -82,17 +91,32 @@ from accord.services.kv.watchhub import (
 )
 
 ShardsOfRange = Callable[[bytes, bytes], list[int]]
+Advance = Callable[[list[int], int], None]
+"""``advance(shards, revision)``: have the given shards' closed revisions reach
+``revision`` (a backend proposes revision floors there) and wake the merged watchers
+once they did; called by an ordered merged watcher whose events wait on idle shards."""
+
+
+def closed_revision(sub: Watcher) -> int:
+    """Every event of ``sub`` up to this revision is in its queue or was handed out, and
+    none at or below it can come later: its shard's closed revision once it is live
+    (``WatchHub.progress``), the revision it has replayed to before."""
+    if sub.synced:
+        return sub._hub.progress()
+    return sub.next_rev - 1
 
 
 class MergedWatcher:
     """One watch spread over several shards; see the module docstring for its rules."""
 
     __slots__ = (
+        "_advance",
         "_again",
         "_final",
         "_got",
         "_on_end",
         "_round",
+        "_shards",
         "_subs",
         "_wake",
         "buffer_limit",
@@ -106,6 +130,8 @@ class MergedWatcher:
         subs: Sequence[Watcher],
         progress_notify: bool,
         on_end: Callable[[MergedWatcher], None],
+        advance: Advance | None = None,
+        shards: Sequence[int] = (),
     ) -> None:
         if len(subs) < 2:
             raise ValueError(f"a merged watcher needs at least 2 sub-watchers, got {len(subs)}")
@@ -114,6 +140,10 @@ class MergedWatcher:
         self.progress_notify = progress_notify
         self.buffer_limit = subs[0].buffer_limit
         self._on_end = on_end
+        self._advance = advance
+        """Given: the *ordered* merge (strictly by revision, one revision never split,
+        released up to every shard's closed revision); None: the per-batch merge."""
+        self._shards = list(shards) if shards else list(range(len(self._subs)))
         self._final: WatchBatch | None = None
         self._round = False
         """A progress round is in flight: every sub-watcher was asked once."""
@@ -181,9 +211,52 @@ class MergedWatcher:
                 elif second is None or rev < second:
                     second = rev
             if best >= 0:
+                if self._advance is not None:
+                    got = self._ordered(best_rev, max_events)
+                    if got is not None or not any(
+                            (h := s.peek()) is not None and h.progress for s in self._subs):
+                        return got
+                    continue  # a progress answer came to a head: take it first
                 return self._subs[best].poll(max_events, until_rev=second)
             if not took_progress:
                 return None
+
+    def _ordered(self, low: int, max_events: int) -> WatchBatch | None:
+        """The ordered merge: the events of every revision from ``low`` (the lowest queued)
+        up to the closed revision of all shards, each revision whole, in one batch (whole
+        revisions up to ``max_events``, at least one); None while ``low`` is not closed
+        on some shard (those are asked to advance)."""
+        closed = [closed_revision(s) for s in self._subs]
+        top = min(closed)
+        if events_waiting := [batch_revision(h) for s in self._subs
+                              if (h := s.peek()) is not None and not h.progress]:
+            low = min(low, *events_waiting)
+        if low > top:
+            if self._advance is not None:  # (the backend asks each shard once per revision)
+                # Up to the highest closed revision: what is queued goes in one round.
+                want = max(max(closed), low)
+                self._advance([self._shards[i] for i, c in enumerate(closed) if c < want], want)
+            return None
+        events: list[Any] = []
+        while True:
+            peeked = [s.peek() for s in self._subs]
+            if any(h is not None and h.progress for h in peeked):
+                break  # a progress answer first: the events behind it are not visible
+            heads = [(batch_revision(h), i) for i, h in enumerate(peeked) if h is not None]
+            if not heads:
+                break
+            rev = min(r for r, _i in heads)
+            if rev > top:
+                break
+            take = [i for r, i in heads if r == rev]
+            size = sum(_events_at(self._subs[i].peek(), rev) for i in take)
+            if events and len(events) + size > max_events:
+                break
+            for i in take:
+                got = self._subs[i].poll(1 << 30, until_rev=rev)
+                if got is not None:
+                    events.extend(got.events)
+        return WatchBatch(top, events) if events else None
 
     def share_wake(self, wake: Wake) -> None:
         """Set ``wake`` whenever any sub-watcher gets something or the watch ends (the
@@ -286,10 +359,13 @@ class ShardedWatchHub:
     single :class:`WatchHub`).
     """
 
-    def __init__(self, hubs: Sequence[WatchHub], shards_of_range: ShardsOfRange) -> None:
+    def __init__(self, hubs: Sequence[WatchHub], shards_of_range: ShardsOfRange,
+                 advance: Advance | None = None) -> None:
         if not hubs:
             raise ValueError("a sharded watch hub needs at least one shard hub")
         self.hubs = list(hubs)
+        self._advance = advance
+        """Given: merged watchers deliver in revision order (see :data:`Advance`)."""
         self._shards_of_range = shards_of_range
         self._next_id = 0
         self._merged: dict[int, MergedWatcher] = {}
@@ -356,7 +432,8 @@ class ShardedWatchHub:
                 s.close()
             raise
         self._next_id += 1
-        m = MergedWatcher(self._next_id, subs, progress_notify, self._forget)
+        m = MergedWatcher(self._next_id, subs, progress_notify, self._forget,
+                          self._advance, picked)
         self._merged[m.id] = m
         return m
 
@@ -370,6 +447,11 @@ class ShardedWatchHub:
                 n += 1
         return n
 
+    def wake(self) -> None:
+        """Wake every merged watcher (shards' closed revisions moved: see :data:`Advance`)."""
+        for m in list(self._merged.values()):
+            m._wake.set()
+
     def close(self) -> None:
         """Cancel every watcher of every shard (node shutdown)."""
         for m in list(self._merged.values()):
@@ -379,3 +461,10 @@ class ShardedWatchHub:
 
     def _forget(self, m: MergedWatcher) -> None:
         self._merged.pop(m.id, None)
+
+
+def _events_at(batch: WatchBatch | None, rev: int) -> int:
+    """How many events of ``batch`` are at ``rev`` (a replayed batch may hold several)."""
+    if batch is None:
+        return 0
+    return sum(1 for e in batch.events if e.kv.mod_revision == rev)

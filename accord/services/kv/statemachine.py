@@ -553,8 +553,7 @@ class KVStateMachine:
         if rev <= intent.rev:
             return xcommands.Prepared(True, "", intent.rev)
         if store.rev >= rev:
-            return xcommands.Prepared(False, "behind",
-                                      store.striped(0, intent.rev % store.stripe[0]))
+            return xcommands.Prepared(False, "behind", store.rev + 1)
         intent.rev = rev
         store.raise_floor(rev)
         self._release()

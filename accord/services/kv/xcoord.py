@@ -139,7 +139,7 @@ class Coordinator:
                 continue
             want = max(a.rev for a in prepared)
             if any(a.rev != want for a in prepared) and not await self._agree(
-                    txn_id, shards, prepared, want):
+                    txn_id, shards, prepared, want, bool(stamp)):
                 await self._abort(txn_id, shards)
                 self.stats["retries"] += 1
                 floor = max(a.rev for a in prepared) + 1
@@ -229,7 +229,8 @@ class Coordinator:
                 await t
 
     async def _agree(self, txn_id: int, shards: Sequence[int],
-                     prepared: list[xcommands.Prepared], want: int) -> bool:
+                     prepared: list[xcommands.Prepared], want: int,
+                     ordered: bool = False) -> bool:
         """Bring every participant's reserved revision up to the highest (RESERVE rounds,
         a few at most); False if they could not agree (then the Txn is retried)."""
         for _ in range(4):
@@ -243,6 +244,8 @@ class Coordinator:
                     prepared[i].rev = a.rev
                 elif a.reason == "behind":
                     want = max(want, a.rev)
+                    if ordered:  # keep to the record shard's stripe (revorder.py)
+                        want += (shards[0] - want) % self.parts.shards
                 else:
                     return False
             want = max(want, *(a.rev for a in prepared))
