@@ -6,7 +6,9 @@ is printed, ``ACCORD_TEST_SEED`` replays it), and the events the watch delivered
 compared with the store's history read afterwards, partition by partition, on plain
 single-shard etcd watches of a healthy member (no merging, no resumption involved):
 the same ``(revision, key, type, value)`` set, no duplicate, each key's events in order,
-and every write a writer saw acknowledged among them.
+and every write a writer saw acknowledged among them. And the one revision order
+(``docs/txn.md``): the events came in revision order, every acknowledged put has a
+revision of its own, and a put acknowledged before another started has the lower one.
 
 * the watch resumes across a kill -9 of the member its stream was on, killed while the
   writers write;
@@ -139,6 +141,7 @@ async def _watch_while_writing(cluster: ProcCluster, seed: int, *, kill: bool,
         victim = next(n for n in nodes if n.endpoint == watch.endpoint)
         writers_via = [n for n in nodes if n is not victim] if kill else nodes
         acked: list[tuple[int, bytes, int]] = []  # (type, key, revision) acknowledged
+        timed: list[tuple[float, float, int, int]] = []  # puts: (start, ack, revision, writer)
         lock = threading.Lock()
 
         def write(plan: list[tuple[bytes, bool]], w: int) -> None:
@@ -147,8 +150,11 @@ async def _watch_while_writing(cluster: ProcCluster, seed: int, *, kill: bool,
                     rev = _delete(writers_via, key)
                     row = (1, key, rev)
                 else:
+                    t0 = time.monotonic()
                     rev = cluster.put(key, f"{w}.{i}".encode(), via=writers_via)
                     row = (0, key, rev)
+                    with lock:
+                        timed.append((t0, time.monotonic(), rev, w))
                 with lock:
                     acked.append(row)
 
@@ -176,6 +182,24 @@ async def _watch_while_writing(cluster: ProcCluster, seed: int, *, kill: bool,
             await watch.close()
         if kill:
             assert killed and watch.reconnects >= 1 and watch.endpoint != victim.endpoint
+        # One revision order (docs/txn.md): the watch delivered in revision order, across
+        # the reconnect too; every acknowledged put has a revision of its own; one writer's
+        # puts, one after another over many shards, got increasing revisions; and a put
+        # acknowledged before another started (any writer) has the lower revision.
+        order = [e.kv.mod_revision for e in got]
+        assert order == sorted(order), f"seed {seed}: the watch delivered out of order"
+        revs = [r for _t0, _t1, r, _w in timed]
+        assert len(set(revs)) == len(revs), f"seed {seed}: puts shared a revision"
+        for w in range(WRITERS):
+            mine = [r for _t0, _t1, r, ww in sorted(timed) if ww == w]
+            assert mine == sorted(mine), f"seed {seed}: writer {w}'s puts went back"
+        by_ack = sorted(timed, key=lambda x: x[1])
+        top, j = 0, 0
+        for t0, _t1, r, _w in sorted(timed):
+            while j < len(by_ack) and by_ack[j][1] < t0:
+                top = max(top, by_ack[j][2])
+                j += 1
+            assert r > top, f"seed {seed}: a put started after {top} was acknowledged got {r}"
         delivered = [as_row(e) for e in got if e.kv.mod_revision <= last]
         history = _history(writers_via[0], start, last)
         print(f"delivered {len(delivered)}, history {len(history)}, "
