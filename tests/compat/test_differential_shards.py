@@ -6,10 +6,11 @@ two or more of them spans shards, and a range (or a DeleteRange) over ``/dN/`` c
 every shard. Both
 servers get the same requests in the same order. What is compared: every answer's
 contents (succeeded, values, versions, counts, ``more``, prev_kvs, error codes and
-messages), with the revision numbers left out: accord's numbering is not etcd's (a
-multi-shard Txn takes the next revision above every participant's, so the numbers skip;
-unrelated shards still count apart: docs/txn.md, "One revision order"). What is checked
-instead on accord: the keys one Txn wrote all carry the Txn's header revision, every
+messages), with the revision numbers left out: accord's numbering is not etcd's
+(revisions are clock stamps striped over the shards, so the numbers skip: docs/txn.md,
+"One revision order"), but the order is: a step that made a new revision on etcd made one
+on accord above every revision accord answered before. Checked too on accord: the keys
+one Txn wrote all carry the Txn's header revision, every
 response nested in it carries that revision too, and a compare-and-swap on the
 mod_revisions each side reported behaves the same on both. The seed of each run is
 printed by hypothesis on failure.
@@ -45,6 +46,8 @@ class Sides:
         }
         self.example = 0
         self.ns = b""
+        self.last = {"etcd": 0, "accord": 0}
+        """Each side's highest revision answered so far (the order check)."""
 
     def key(self, name: bytes) -> bytes:
         return self.ns + name
@@ -173,6 +176,13 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
         assert e[1:] == a[1:], (step, e, a)
         return
     assert _norm(e[1]) == _norm(a[1]), (step, e[1], a[1])
+    # The order: a step that made a revision on etcd (its header revision rose) made one on
+    # accord above every revision accord answered before (docs/txn.md, "One revision
+    # order": gaps allowed, the order is etcd's).
+    e_rev, a_rev = int(e[1].header.revision), int(a[1].header.revision)
+    if e_rev > s.last["etcd"] and s.last["etcd"]:
+        assert a_rev > s.last["accord"], (step, s.last, e_rev, a_rev)
+    s.last = {"etcd": max(s.last["etcd"], e_rev), "accord": max(s.last["accord"], a_rev)}
     if step[0] == "txn":
         revs = _revisions(json_format.MessageToDict(a[1]))
         assert len(revs) == 1, f"one revision in every part of a Txn's answer: {revs}"
