@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from accord.proto import rpc_pb2 as pb
-from accord.services.kv import sharding
+from accord.services.kv import errors, sharding
 from accord.services.kv.backend import HeaderInfo, StateMachineBackend
+from accord.services.kv.errors import EtcdError
 from accord.services.kv.revorder import RevisionOrder, tick_clock
 from accord.services.kv.statemachine import KVStateMachine
 from tests.kv.helpers import op_put
@@ -202,3 +203,19 @@ def test_a_state_machine_refuses_a_stripe_outside_the_store() -> None:
         KVStateMachine(stripe=(4, 4))
     with pytest.raises(ValueError):
         Member([KVStateMachine(stripe=(4, 1)), KVStateMachine()], tick_clock())
+
+
+async def test_a_range_on_one_shard_at_another_shards_revision_answers_as_one_etcd() -> None:
+    m = Member(shards_of(), tick_clock(1))
+    old = await m.put(pb.PutRequest(key=key_on(1), value=b"old"))
+    rev = (await m.put(pb.PutRequest(key=key_on(0), value=b"v"))).header.revision
+    assert m.machines[1].revision < rev
+    got = await m.range(pb.RangeRequest(key=key_on(1), revision=rev))
+    assert [kv.value for kv in got.kvs] == [b"old"]
+    later = await m.put(pb.PutRequest(key=key_on(1), value=b"new"))
+    assert later.header.revision > rev > old.header.revision
+    again = await m.range(pb.RangeRequest(key=key_on(1), revision=rev))
+    assert [kv.value for kv in again.kvs] == [b"old"]  # the same answer: R stayed closed
+    with pytest.raises(EtcdError) as e:
+        await m.range(pb.RangeRequest(key=key_on(1), revision=m.revision + 1))
+    assert e.value.message == errors.FUTURE_REV.message

@@ -305,6 +305,15 @@ class StateMachineBackend(ABC):
         """
         return now_ms(), 0
 
+    async def _reach(self, shard: int, revision: int) -> None:
+        """Before a linearizable read of one shard at a ``revision`` above that shard's
+        own: a revision of the store (some shard has it, after barriers on all) is
+        readable on every shard, as on one etcd, once this shard is floored there;
+        above every shard's it stays etcd's future-revision error."""
+        await self._each(range(self.shards), self.read_barrier)
+        if revision <= self.revision:
+            await self.floor([shard], revision)
+
     def _advance_watch(self, shards: list[int], revision: int) -> None:
         """A merged watcher holds events at ``revision`` until ``shards`` close it: floor
         them there (one task per shard at a time, taking the highest wanted), then wake
@@ -376,6 +385,8 @@ class StateMachineBackend(ABC):
             sm = self.machines[shards[0]]
             if not req.serializable:
                 await self.read_barrier(shards[0])
+                if req.revision > sm.revision and self.shards > 1:
+                    await self._reach(shards[0], req.revision)
                 if sm.intents.intents:
                     await self.wait_intents(
                         shards[0], [KeyRange.of(req.key, req.range_end)],
