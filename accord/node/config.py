@@ -133,6 +133,12 @@ class Config:
     max_request_bytes: int = _opt(1536 * 1024, "Largest client request accepted, in bytes.")
     quota_backend_bytes: int = _opt(2 << 30, "Storage quota in bytes; writes are refused above it.")
     max_txn_ops: int = _opt(128, "Most operations in one Txn.")
+    max_clock_offset: int = _opt(0, "Milliseconds the members' clocks may differ by (with "
+                                   "several shards: every answer waits until this member's "
+                                   "clock is past its revision plus this, so that a later "
+                                   "write on any member gets a higher revision; "
+                                   "docs/txn.md, \"One revision order\"). 0: one host or "
+                                   "clocks that agree.")
     snapshot_count: int = _opt(10_000, "Applied entries per group between two snapshots.")
     wal_segment_bytes: int = _opt(64 << 20, "Largest write-ahead log segment file, in bytes "
                                             "(at least 4096): the log rotates to a new file "
@@ -475,6 +481,8 @@ class Config:
             p(f"max-request-bytes {self.max_request_bytes}: must be 1..quota-backend-bytes")
         if self.max_txn_ops < 1:
             p(f"max-txn-ops {self.max_txn_ops}: must be >= 1")
+        if not 0 <= self.max_clock_offset <= 10_000:
+            p(f"max-clock-offset {self.max_clock_offset} ms: must be 0..10000")
         if self.member_dead_after < 0:
             p(f"member-dead-after {self.member_dead_after} s: must be >= 0 (0 turns it off)")
         if self.leader_balance_interval < 0:

@@ -205,6 +205,7 @@ class Node:
         await self.transport.start()
         await self.host.start()
         self.backend = ReplicatedBackend(self, self.machines)
+        self.backend.set_clock_drift(cfg.max_clock_offset)
         self.backend.xcoord.set_failpoint(os.environ.get(FAILPOINT_ENV, ""))
         calls = GrpcMetricsInterceptor()
         self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes),

@@ -261,6 +261,14 @@ class StateMachineBackend(ABC):
         """Ordered stamps and commit-waits (``revorder.py``); None with one shard, whose
         revisions are etcd's own counter."""
 
+    def set_clock_drift(self, max_drift_ms: float) -> None:
+        """The bound on the members' clock difference the commit-wait allows for
+        (``--max-clock-drift``; ``revorder.py``); nothing to do with one shard."""
+        if self.order is not None:
+            self.order = RevisionOrder(self.shards, max_drift_ms)
+        elif max_drift_ms < 0:
+            raise ValueError("max_drift_ms must be >= 0")
+
     # --- what a subclass supplies ---------------------------------------------------------
     @abstractmethod
     async def commit(self, command: bytes, shard: int = 0) -> Any:
