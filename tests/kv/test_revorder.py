@@ -219,3 +219,10 @@ async def test_a_range_on_one_shard_at_another_shards_revision_answers_as_one_et
     with pytest.raises(EtcdError) as e:
         await m.range(pb.RangeRequest(key=key_on(1), revision=m.revision + 1))
     assert e.value.message == errors.FUTURE_REV.message
+    # Serializable (local, possibly stale): the shard's latest, for a revision the store has.
+    top = (await m.put(pb.PutRequest(key=key_on(0), value=b"w"))).header.revision
+    local = await m.range(pb.RangeRequest(key=key_on(1), revision=top, serializable=True))
+    assert [kv.value for kv in local.kvs] == [b"new"] and local.header.revision == top
+    with pytest.raises(EtcdError) as e:
+        await m.range(pb.RangeRequest(key=key_on(1), revision=top + 1, serializable=True))
+    assert e.value.message == errors.FUTURE_REV.message

@@ -399,6 +399,13 @@ class StateMachineBackend(ABC):
                     await self.wait_intents(
                         shards[0], [KeyRange.of(req.key, req.range_end)],
                         req.revision if req.revision > 0 else sm.revision)
+            if req.serializable and req.revision > sm.revision and self.shards > 1:
+                # Local and possibly stale, as the multi-shard serializable read below: at
+                # the shard's latest, for a revision some shard of this member has.
+                if req.revision > self.revision:
+                    raise errors.FUTURE_REV
+                part = sm.range(fanout.per_shard_request(req, sm.revision), validated=True)
+                return fanout.merge_ranges(req, [part], req.revision, self.sm.limits)
             resp = sm.range(req, validated=True)
             if self.order is not None and not req.serializable:
                 await self.settle(resp.header.revision)
