@@ -37,7 +37,7 @@ from accord.services.kv.backend import (
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.revorder import ORDER_GATE
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
-from accord.services.kv.xcommands import XTXN_GATE
+from accord.services.kv.xcommands import XLEASE_GATE, XTXN_GATE
 
 if TYPE_CHECKING:
     from accord.node.parts import NodeParts
@@ -123,6 +123,11 @@ class ReplicatedBackend(StateMachineBackend):
     def multi_shard_txns(self) -> bool:
         """Whether every member applies the multi-shard Txn's commands (the gate)."""
         return self.node.cluster.min_command_format() >= XTXN_GATE
+
+    @property
+    def multi_shard_leases(self) -> bool:
+        """Whether every member applies the lease revoke across shards (the gate)."""
+        return self.node.cluster.min_command_format() >= XLEASE_GATE
 
     async def commit(self, command: bytes, shard: int = 0) -> Any:
         """Replicate ``command`` on ``shard``; the answer is what its apply returned."""

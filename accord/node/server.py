@@ -80,7 +80,7 @@ from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
 from accord.services.kv.revorder import ORDER_GATE
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
-from accord.services.kv.xcommands import XTXN_GATE
+from accord.services.kv.xcommands import XLEASE_GATE, XTXN_GATE
 from accord.services.kv.xcoord import FAILPOINT_ENV
 from accord.services.scheduling.replicated import SCHEDULING_GROUP, SchedulerShard
 from accord.services.scheduling.servicer import add_scheduler_service
@@ -313,7 +313,8 @@ class Node:
         rose.clear()
         self.cluster.listeners.append(check)
         cmd = ClusterStateMachine.encode_advertise(
-            self.member_id, max(COMPACT_FORMAT, AUTH_FORMAT, XTXN_GATE, ORDER_GATE))
+            self.member_id, max(COMPACT_FORMAT, AUTH_FORMAT, XTXN_GATE, ORDER_GATE,
+                                XLEASE_GATE))
         while True:
             try:
                 await self.host.propose(META_GROUP, cmd, timeout=2.0)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from accord.proto import rpc_pb2
 from accord.services.cluster.alarms import AlarmTable
-from accord.services.kv import errors, fanout, sharding, xtxn
+from accord.services.kv import errors, fanout, sharding, xlease, xtxn
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.revorder import RevisionOrder
@@ -220,7 +220,10 @@ class StateMachineBackend(ABC):
     * leases live on shard 0 (their clock, TTL, keepalives and expiry); a grant and a
       revocation are also applied on every other shard, which keeps the set of live lease
       ids and the keys attached there, so a Put with a lease is checked where it applies,
-      and a revocation deletes the lease's keys on every shard;
+      and a revocation deletes the lease's keys on every shard: a lease whose keys lie on
+      several shards is revoked (or expired) at one revision on all of them through
+      intents that also hold the lease id (``xlease.py``), one whose keys lie on one
+      shard (or none) shard 0 first, then each other shard;
     * Compact(R) floors and compacts every shard at R.
     """
 
@@ -260,6 +263,10 @@ class StateMachineBackend(ABC):
         self.order = RevisionOrder(self.shards) if self.shards > 1 else None
         """Ordered stamps and commit-waits (``revorder.py``); None with one shard, whose
         revisions are etcd's own counter."""
+        self.broken_lease_own_revisions = False
+        """A deliberately broken variant for tests: a lease revoke across shards decided
+        on shard 0 and then deleted on each other shard at its own revision (``xlease``).
+        Never set outside tests."""
 
     def set_clock_drift(self, max_drift_ms: float) -> None:
         """The bound on the members' clock difference the commit-wait allows for
@@ -468,6 +475,12 @@ class StateMachineBackend(ABC):
         member applies its commands); else it is refused naming the shards."""
         return True
 
+    @property
+    def multi_shard_leases(self) -> bool:
+        """Whether a lease revoke may run across shards at one revision (a replicated
+        backend: once every member applies its command, ``xcommands.XLEASE_GATE``)."""
+        return True
+
     async def _multi_shard_txn(
         self, req: rpc_pb2.TxnRequest, touched: dict[int, bytes]
     ) -> rpc_pb2.TxnResponse:
@@ -658,8 +671,22 @@ class StateMachineBackend(ABC):
                 raise
         return result
 
+    async def _spread(self, lease_id: int) -> bool:
+        """Whether ``lease_id``'s keys lie on several shards (after a barrier on each)."""
+        if self.shards == 1 or not self.multi_shard_leases:
+            return False
+        await self._each(range(self.shards), self.read_barrier)
+        return sum(1 for m in self.machines if m.lease_keys(lease_id)) > 1
+
     async def lease_revoke(self, req: rpc_pb2.LeaseRevokeRequest) -> rpc_pb2.LeaseRevokeResponse:
-        """Encode and commit a lease revocation (its keys go on every shard)."""
+        """Revoke a lease: its keys go on every shard; at one revision on every shard
+        when they lie on several (``xlease.py``)."""
+        if await self._spread(req.ID):
+            rev = await xlease.revoke(self.xcoord, req.ID,
+                                      broken=self.broken_lease_own_revisions)
+            resp = rpc_pb2.LeaseRevokeResponse()
+            resp.header.revision = int(rev or self.revision)
+            return resp
         enc = self.sm.encode_lease_revoke(req, min_revision=self.stamp())
         result: rpc_pb2.LeaseRevokeResponse = await self.commit_free(enc, 0)
         if self.shards > 1:
@@ -702,11 +729,29 @@ class StateMachineBackend(ABC):
         Call it periodically on shard 0's leader (a replicated backend passes its term
         through :meth:`lease_clock`, so a new leader expires nothing before its first
         lease command rebased the deadlines). The other shards then drop the leases and
-        their keys too."""
+        their keys too; a lease whose keys lie on several shards is expired at one
+        revision on all of them (``xlease.py``), re-checked on shard 0 at its decision."""
         now, term = self.lease_clock()
         ids = self.sm.expired_leases(now, term if term else None, limit)
         if not ids:
             return []
+        if self.shards > 1 and self.multi_shard_leases:
+            await self._each(range(self.shards), self.read_barrier)
+            spread = [i for i in ids if sum(1 for m in self.machines if m.lease_keys(i)) > 1]
+            if spread:
+                done = await asyncio.gather(*(xlease.revoke(
+                    self.xcoord, i, expire=True, broken=self.broken_lease_own_revisions)
+                    for i in spread), return_exceptions=True)
+                failed = next((d for d in done if isinstance(d, BaseException)), None)
+                if failed is not None:
+                    raise failed
+                gone = [i for i, d in zip(spread, done, strict=True) if d is not None]
+                rest = [i for i in ids if i not in spread]
+                return gone + (await self._expire_plain(rest, now, term) if rest else [])
+        return await self._expire_plain(ids, now, term)
+
+    async def _expire_plain(self, ids: list[int], now: int, term: int) -> list[int]:
+        """Expire ``ids`` on shard 0 in one command, then drop them on the other shards."""
         result = await self.commit(
             self.sm.encode_lease_expire(ids, now, term, min_revision=self.stamp()))
         revoked = [int(i) for i in getattr(result, "revoked", ids)]

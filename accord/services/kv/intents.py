@@ -28,6 +28,9 @@ PENDING = 0
 COMMITTED = 1
 ABORTED = 2
 
+REVOKE = 1
+EXPIRE = 2
+
 RECORD_RETENTION_MS = 600_000
 """How long past its deadline a decided record is kept for late resolvers (10 minutes)."""
 
@@ -46,7 +49,11 @@ class Intent:
     ranges: tuple[KeyRange, ...]
     leases: frozenset[int]
     request: bytes
-    """The serialized TxnRequest."""
+    """The serialized TxnRequest (empty for a lease revoke)."""
+    revoke: int = 0
+    """0: a Txn; :data:`REVOKE` or :data:`EXPIRE`: a lease revoke or expiry of the one
+    lease in ``leases``, whose keys on this shard are ``ranges``; while it is open, a Put
+    attaching a key to that lease here is refused (``docs/txn.md``)."""
 
     def overlaps(self, kr: KeyRange) -> bool:
         """Whether ``kr`` shares a key with one of this intent's ranges."""
@@ -54,20 +61,24 @@ class Intent:
 
     def dump(self) -> list[Any]:
         """A msgpack-able image."""
-        return [
+        row = [
             self.txn_id, self.rev, self.record, self.deadline_ms,
             [[r.start, r.end, r.single] for r in self.ranges], sorted(self.leases),
             self.request,
         ]
+        if self.revoke:  # only then: a snapshot without revokes stays readable by older code
+            row.append(self.revoke)
+        return row
 
     @classmethod
     def load(cls, row: Any) -> Intent:
         """Rebuild from :meth:`dump`'s image."""
-        txn_id, rev, record, deadline, ranges, leases, request = row
+        txn_id, rev, record, deadline, ranges, leases, request = row[:7]
         return cls(
             int(txn_id), int(rev), int(record), int(deadline),
             tuple(KeyRange(s, e, bool(one)) for s, e, one in ranges),
             frozenset(int(i) for i in leases), bytes(request),
+            int(row[7]) if len(row) > 7 else 0,
         )
 
 
@@ -126,6 +137,14 @@ class IntentTable:
         ids = set(lease_ids)
         for intent in self.intents.values():
             if intent.leases & ids:
+                return intent
+        return None
+
+    def revoking(self, lease_ids: Iterable[int]) -> Intent | None:
+        """An open lease revoke or expiry of one of ``lease_ids``, or None (a Put
+        attaching a key to such a lease must wait for its decision)."""
+        for intent in self.intents.values():
+            if intent.revoke and not intent.leases.isdisjoint(lease_ids):
                 return intent
         return None
 

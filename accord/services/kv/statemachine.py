@@ -32,7 +32,16 @@ import msgpack
 from accord.proto import rpc_pb2
 from accord.services.kv import errors, sharding, txn, validate, xcommands, xtxn
 from accord.services.kv.codec import Kind, decode, encode
-from accord.services.kv.intents import ABORTED, COMMITTED, PENDING, Intent, IntentTable, Record
+from accord.services.kv.intents import (
+    ABORTED,
+    COMMITTED,
+    EXPIRE,
+    PENDING,
+    REVOKE,
+    Intent,
+    IntentTable,
+    Record,
+)
 from accord.services.kv.leases import LeaseTable
 from accord.services.kv.limits import Limits
 from accord.services.kv.mvcc import LEASE, MOD, VALUE, MVCCStore, WriteTxn
@@ -77,6 +86,10 @@ class KVStateMachine:
         self._held: list[tuple[int, list[Change]]] = []
         """Publications above an open intent's revision, held back in revision order
         until it is resolved (``docs/txn.md``, "Watches over several shards")."""
+        self.broken_lease_puts = False
+        """A deliberately broken variant for tests: a Put attaching a key to a lease
+        whose revoke across shards is in progress is not held back (the key then
+        outlives the lease). Never set outside tests."""
 
     def set_stripe(self, stripe: tuple[int, int]) -> None:
         """Place this shard in an ``(shards, index)`` store (before it applies anything
@@ -287,6 +300,8 @@ class KVStateMachine:
             validate.validate_put(put, self.limits)
             if self._x.intents:
                 self._check_free([KeyRange(put.key, None, True)])
+                if put.lease:
+                    self._check_lease_free([put.lease])
             self._exec.check_put_state(put, in_txn=False)
             return self._write(cmd.min_revision, lambda wt: self._exec.put(wt, put))
         if kind == Kind.DELETE_RANGE:
@@ -302,6 +317,7 @@ class KVStateMachine:
                 return self._exec.txn(None, tr)
             if self._x.intents:
                 self._check_free([KeyRange.of(k, e) for k, e in xtxn.all_ranges(tr)])
+                self._check_lease_free(xtxn.put_leases(tr, lambda _k: True))
             return self._write(cmd.min_revision, lambda wt: self._exec.txn(wt, tr))
         if kind == Kind.FLOOR:
             self._store.raise_floor(cmd.min_revision)
@@ -384,6 +400,8 @@ class KVStateMachine:
         ex = self._exec
         if self._x.intents:
             self._check_free([KeyRange(key, None, True)])
+            if lease:
+                self._check_lease_free([lease])
         ex.check_put_values(key, lease, ignore_value or ignore_lease, in_txn=False)
         wt = self._store.begin(min_revision)
         try:
@@ -406,6 +424,7 @@ class KVStateMachine:
         validate.validate_puts(keys, values, size, self.limits)
         if self._x.intents:
             self._check_free([KeyRange(k, None, True) for k in keys])
+            self._check_lease_free([i for i in leases if i])
         if any(leases):
             live = self._leases.leases
             for lease in leases:
@@ -462,6 +481,16 @@ class KVStateMachine:
         if found is not None:
             raise errors.Locked(found.txn_id)
 
+    def _check_lease_free(self, lease_ids: Any) -> None:
+        """Refuse (``errors.Locked``) a Put attaching a key to a lease whose revoke or
+        expiry across shards is in progress: it runs again once that is decided, and
+        then either the lease is still there or it fails with lease-not-found."""
+        if self.broken_lease_puts or not lease_ids:
+            return
+        found = self._x.revoking(lease_ids)
+        if found is not None:
+            raise errors.Locked(found.txn_id)
+
     def _lease_blocked(self, lease_id: int) -> bool:
         """Whether revoking ``lease_id`` would touch an open intent (a put of a prepared
         Txn uses it, or one of its keys is held)."""
@@ -506,6 +535,8 @@ class KVStateMachine:
             return self._x_commit(txn_id, *body[2:])
         if kind == xcommands.XKind.RESERVE:
             return self._x_reserve(txn_id, *body[2:])
+        if kind == xcommands.XKind.LEASE:
+            return self._x_prepare_lease(txn_id, *body[2:])
         return self._x_abort(txn_id, *body[2:])
 
     def _x_prepare(
@@ -531,6 +562,9 @@ class KVStateMachine:
         def owns(key: bytes) -> bool:
             return sharding.shard_of(key, shards) == shard
 
+        if x.intents and x.revoking(xtxn.put_leases(req, owns)) is not None:
+            return xcommands.Prepared(False, "conflict", store.rev)
+
         answer = xcommands.Prepared(
             True, "", rev, xtxn.partial_compares(store, req, store.rev),
             xtxn.put_checks(self._exec, req, owns), max(0, store.compact_rev),
@@ -542,6 +576,65 @@ class KVStateMachine:
         store.raise_floor(rev)
         self.watch_hub.held_from = x.lowest_rev()
         return answer
+
+    def _x_prepare_lease(
+        self, txn_id: int, lease_id: int, rev: int, shard: int, deadline_ms: int,
+        now_ms: int, term: int, expire: bool,
+    ) -> xcommands.Prepared:
+        """The prepare of a lease revoke (``expire``: an expiry) across shards: an intent
+        holding the lease's keys here and the lease id, the revision reserved as a Txn's;
+        on the record shard (0, the leases' home) also the PENDING record, refused when
+        the lease is unknown or, for an expiry, no longer overdue."""
+        if type(lease_id) is not int or type(expire) is not bool:
+            raise errors.bad_request("malformed KV command: bad lease revoke fields")
+        store, x, leases = self._store, self._x, self._leases
+        record = 0
+        if shard == record:
+            x.expire_records(now_ms)
+            if txn_id in x.records:
+                return xcommands.Prepared(False, "decided", store.rev)
+            if expire:
+                leases.observe(now_ms, term)
+            if lease_id not in leases.leases:
+                return xcommands.Prepared(False, "not-found", store.rev)
+            if expire and not leases.is_expired(lease_id):
+                return xcommands.Prepared(False, "alive", store.rev)
+        if txn_id in x.intents:
+            return xcommands.Prepared(False, "again", store.rev)
+        if rev < 0:  # an ordered stamp: a revision only the record shard hands out
+            rev = store.striped(-rev, record)
+        else:
+            rev = max(rev, store.rev + 1)
+        ranges = tuple(KeyRange(k, None, True) for k in self.lease_keys(lease_id))
+        if x.blocking_any(ranges) is not None or x.using_lease([lease_id]) is not None:
+            return xcommands.Prepared(False, "conflict", store.rev)
+        x.intents[txn_id] = Intent(txn_id, rev, record, deadline_ms, ranges,
+                                   frozenset([lease_id]), b"", EXPIRE if expire else REVOKE)
+        if shard == record:
+            x.records[txn_id] = Record(txn_id, PENDING, rev, deadline_ms)
+        store.raise_floor(rev)
+        self.watch_hub.held_from = x.lowest_rev()
+        return xcommands.Prepared(True, "", rev)
+
+    def _x_revoke_share(self, intent: Intent) -> rpc_pb2.TxnResponse:
+        """A decided lease revoke on this shard: delete the keys its intent holds at the
+        reserved revision, forget the lease."""
+        (lease_id,) = intent.leases
+        wt = self._store.begin_at(intent.rev)
+        try:
+            for kr in intent.ranges:
+                wt.delete(kr)
+        except BaseException:
+            wt.rollback()
+            raise
+        del self._x.intents[intent.txn_id]
+        self._commit_at(wt)
+        if lease_id in self._leases.leases:
+            self._leases.remove(lease_id)
+        self._release()
+        resp = rpc_pb2.TxnResponse(succeeded=True)
+        resp.header.revision = intent.rev
+        return resp
 
     def _x_reserve(self, txn_id: int, rev: int) -> xcommands.Prepared:
         """Move an intent's reserved revision up to ``rev``, if nothing here has used it
@@ -569,12 +662,21 @@ class KVStateMachine:
             rec = x.records.get(txn_id)
             if rec is None or rec.state == ABORTED:
                 return xcommands.Committed(None, xcommands.Decision(ABORTED))
+            if (rec.state == PENDING and intent is not None and intent.revoke == EXPIRE
+                    and not any(self._leases.is_expired(i) for i in intent.leases)):
+                # A keepalive came between the expiry's prepare and its decision: it wins.
+                rec.state = ABORTED
+                del x.intents[txn_id]
+                self._release()
+                return xcommands.Committed(None, xcommands.Decision(ABORTED))
             if rec.state == PENDING:
                 rec.state, rec.path = COMMITTED, tuple(path)
             decision = xcommands.Decision(rec.state, rec.path)
             path = rec.path
         if intent is None:
             return xcommands.Committed(None, decision)
+        if intent.revoke:
+            return xcommands.Committed(self._x_revoke_share(intent), decision)
         req = _parse(rpc_pb2.TxnRequest, intent.request)
 
         def owns(key: bytes) -> bool:

@@ -11,7 +11,12 @@
   committed (a missing record becomes an ABORTED tombstone) and answer the decision; on
   a participant, drop the intent;
 * ``RESERVE``: ``[3, 4, txn_id, rev]``: move a prepared intent's reserved revision up to
-  ``rev`` (when the participants reserved different ones).
+  ``rev`` (when the participants reserved different ones);
+* ``LEASE``: ``[3, 5, txn_id, lease_id, rev, shard, deadline_ms, now_ms, term, expire]``:
+  the prepare of a lease revoke (``expire``: an expiry) over every shard, record on shard
+  0: an intent holding the lease's keys on this shard *and the lease id* (a Put attaching
+  a key to it waits), reserving ``rev``; then ``COMMIT`` (path ``[]``) deletes those keys
+  at that revision and forgets the lease, ``ABORT`` drops the intent (``xlease.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ XTXN_GATE = 4
 """The command format a member advertises (the cluster-version gate,
 ``ClusterStateMachine.min_command_format``) once it applies format-3 commands; a Txn over
 several shards is refused, as before, until every member does."""
+XLEASE_GATE = 6
+"""The format a member advertises once it applies the ``LEASE`` command (a lease revoke
+at one revision across shards); until every member does, a revoke takes the older path
+(shard 0 first, then each other shard at its own revision)."""
 
 
 class XKind(IntEnum):
@@ -39,6 +48,7 @@ class XKind(IntEnum):
     COMMIT = 2
     ABORT = 3
     RESERVE = 4
+    LEASE = 5
 
 
 def _pack(body: list[Any]) -> bytes:
@@ -70,13 +80,23 @@ def encode_reserve(txn_id: int, rev: int) -> bytes:
     return _pack([XFORMAT, XKind.RESERVE.value, txn_id, rev])
 
 
+def encode_lease(
+    txn_id: int, lease_id: int, rev: int, shard: int, deadline_ms: int, now_ms: int,
+    term: int, expire: bool,
+) -> bytes:
+    """The prepare of revoking (``expire``: expiring) ``lease_id``, on ``shard``."""
+    return _pack([XFORMAT, XKind.LEASE.value, txn_id, lease_id, rev, shard, deadline_ms,
+                  now_ms, term, bool(expire)])
+
+
 def decode(command: bytes) -> tuple[Any, ...]:
     """The fields of a format-3 command after the format number; bad input raises."""
     try:
         body = msgpack.unpackb(command, raw=False, use_list=False)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise errors.bad_request(f"malformed KV command: {exc}") from exc
-    sizes = {XKind.PREPARE: 10, XKind.COMMIT: 7, XKind.ABORT: 5, XKind.RESERVE: 4}
+    sizes = {XKind.PREPARE: 10, XKind.COMMIT: 7, XKind.ABORT: 5, XKind.RESERVE: 4,
+             XKind.LEASE: 10}
     if type(body) is not tuple or len(body) < 3 or body[0] != XFORMAT:
         raise errors.bad_request("malformed KV command: not a format-3 command")
     kind = body[1]
