@@ -65,7 +65,7 @@ class Applier:
         """
         woke = False
         for g in groups:
-            if (False and inline and len(g.apply_queue) <= INLINE_APPLY_MAX and not g.snapshot_busy
+            if (inline and len(g.apply_queue) <= INLINE_APPLY_MAX and not g.snapshot_busy
                     and g.pending_restore is None and self.apply_some(g)
                     and not self.snapshot_due(g)):
                 continue  # applied; else the task takes the snapshot that is due
