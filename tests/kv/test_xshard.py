@@ -386,8 +386,13 @@ async def test_concurrent_transfers_keep_the_total(ordered: bool) -> None:
 
 
 async def test_the_broken_variant_whose_readers_ignore_intents_is_caught() -> None:
-    total, sums = await _bank(readers_ignore_intents=True, ordered=False)
-    assert any(x != total for x in sums), "reads past intents must see a partial transfer"
+    # One random bank run meets an open intent at an audit about 5 times in 6: up to
+    # five runs (each with its own printed seed), so the check misses about once in 10^4.
+    for _ in range(5):
+        total, sums = await _bank(readers_ignore_intents=True, ordered=False)
+        if any(x != total for x in sums):
+            return
+    raise AssertionError("reads past intents must see a partial transfer")
 
 
 async def test_a_delete_range_over_shards_deletes_everything_at_one_revision() -> None:
