@@ -137,14 +137,11 @@ class Coordinator:
                 if loop.time() > give_up:
                     break
                 continue
-            want = max(a.rev for a in prepared)
-            if any(a.rev != want for a in prepared) and not await self._agree(
-                    txn_id, shards, prepared, want, bool(stamp)):
-                await self._abort(txn_id, shards)
-                self.stats["retries"] += 1
+            settled = await self.settle_revision(txn_id, shards, prepared, bool(stamp))
+            if settled is None:
                 floor = max(a.rev for a in prepared) + 1
                 continue
-            rev = max(a.rev for a in prepared)
+            rev = settled
             await self._stop_at("after-prepare", req)
             path = xtxn.path_of(req, xtxn.combine(req, [a.compares for a in prepared]))
             checks: dict[int, str] = {}
@@ -227,6 +224,20 @@ class Coordinator:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+
+    async def settle_revision(self, txn_id: int, shards: Sequence[int],
+                              prepared: list[xcommands.Prepared], ordered: bool) -> int | None:
+        """The one revision every participant of a prepared transaction reserved: the
+        highest of theirs, the others brought up to it (``_agree``). None when they could
+        not agree: the transaction is then aborted (counted as a retry) and is to be
+        prepared again above the highest revision met."""
+        want = max(a.rev for a in prepared)
+        if any(a.rev != want for a in prepared) and not await self._agree(
+                txn_id, shards, prepared, want, ordered):
+            await self._abort(txn_id, shards)
+            self.stats["retries"] += 1
+            return None
+        return max(a.rev for a in prepared)
 
     async def _agree(self, txn_id: int, shards: Sequence[int],
                      prepared: list[xcommands.Prepared], want: int,

@@ -85,14 +85,11 @@ async def revoke(
             if loop.time() > give_up:
                 break
             continue
-        want = max(a.rev for a in prepared)
-        if any(a.rev != want for a in prepared) and not await coord._agree(
-                txn_id, shards, prepared, want, bool(stamp)):
-            await coord._abort(txn_id, shards)
-            coord.stats["retries"] += 1
+        settled = await coord.settle_revision(txn_id, shards, prepared, bool(stamp))
+        if settled is None:
             floor = max(a.rev for a in prepared) + 1
             continue
-        rev = max(a.rev for a in prepared)
+        rev = settled
         first = await parts.commit(xcommands.encode_commit(txn_id, [], RECORD, n, now), RECORD)
         if first.decision is None or first.decision.state != COMMITTED:
             await coord._abort(txn_id, shards)
