@@ -177,16 +177,19 @@ async def test_lease_expiring_while_its_owner_waits(
 
 
 async def _history(client: AccordClient, key: bytes) -> list[Write]:
-    """Every committed version of ``key``, from the store's own history."""
-    head = await client.range_raw(rpc_pb2.RangeRequest(key=key))
-    upto = int(head.header.revision)
+    """Every committed version of ``key`` (never deleted), from the store's own history:
+    walked back from the latest, each version's predecessor read at its mod_revision - 1.
+    Revisions are points in one order, not a dense count (with several shards they are
+    clock-sized), so the walk visits versions, not every revision number."""
     out: list[Write] = []
-    rev = 1
-    while rev <= upto:
-        resp = await client.range_raw(rpc_pb2.RangeRequest(key=key, revision=rev))
-        if resp.kvs and resp.kvs[0].mod_revision == rev:
-            out.append(Write(rev, int(resp.kvs[0].value.split(b":")[0]), bytes(resp.kvs[0].value)))
-        rev += 1
+    resp = await client.range_raw(rpc_pb2.RangeRequest(key=key))
+    while resp.kvs:
+        kv = resp.kvs[0]
+        out.append(Write(int(kv.mod_revision), int(kv.value.split(b":")[0]), bytes(kv.value)))
+        if kv.mod_revision == kv.create_revision:
+            break
+        resp = await client.range_raw(rpc_pb2.RangeRequest(key=key, revision=kv.mod_revision - 1))
+    out.reverse()
     return out
 
 
