@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -250,6 +251,26 @@ def _lease_keys_of(backend: Backend) -> Callable[[int], Awaitable[list[bytes]]]:
     return lease_keys
 
 
+CLOCK_METADATA = "accord-clock-us"
+"""Initial metadata of every health check's answer: the serving member's wall clock in
+microseconds, which the other members' clock guards compare with theirs
+(``peerprobe.py``, ``services/kv/clockguard.py``)."""
+
+
+class ClockedHealth(health.aio.HealthServicer):  # type: ignore[misc]
+    """The standard health service, whose answers also say what this member's clock
+    reads (:data:`CLOCK_METADATA`), read as late as possible before the answer."""
+
+    def __init__(self, clock_us: Callable[[], int]) -> None:
+        super().__init__()
+        self._clock_us = clock_us
+
+    async def Check(self, request: health_pb2.HealthCheckRequest,
+                    context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.send_initial_metadata(((CLOCK_METADATA, str(self._clock_us())),))
+        return await super().Check(request, context)
+
+
 def build_server(
     backend: Backend,
     options: ServerOptions | None = None,
@@ -257,13 +278,16 @@ def build_server(
     extra_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     outer_interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     auth: AuthGuard | None = None,
+    clock_us: Callable[[], int] | None = None,
 ) -> AccordGrpcServer:
     """A ``grpc.aio`` server serving the etcd v3 API from ``backend``, plus health and reflection.
 
     ``outer_interceptors`` run before etcd's metadata handling (the metrics interceptor,
     which must see the calls it refuses), ``extra_interceptors`` after it. ``auth`` guards
     every call (``accord/services/auth``); without one, an in-process auth store is used
-    (auth off until a client enables it; not replicated)."""
+    (auth off until a client enables it; not replicated). ``clock_us`` is the wall clock
+    a health check reports to the peers' clock guards (``ClockedHealth``; default the
+    system's)."""
     opts = options or ServerOptions()
     versions: Counter[str] = Counter()
     guard = auth or local_guard()
@@ -291,7 +315,7 @@ def build_server(
         register(servicer, server)
     add_watch_servicer(watch, server)
     add_lock_services(server, backend)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = ClockedHealth(clock_us or (lambda: time.time_ns() // 1000))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service_names = [
         *(rpc_pb2.DESCRIPTOR.services_by_name[s].full_name for s in ETCD_SERVICES),

@@ -9,6 +9,11 @@ client URL, on a channel kept open per peer (so a probe is one request and its a
 not a connection set-up), with a ``TIMEOUT``. The time includes the peer's gRPC handling
 (tens of microseconds), which a network path of milliseconds dwarfs; a probe that fails
 or times out counts in ``accord_network_peer_probe_failures_total`` instead.
+
+Each answer also carries the peer's wall clock (``grpc_server.CLOCK_METADATA``), which the
+prober hands to this member's :class:`~accord.services.kv.clockguard.ClockGuard` with
+its own readings before and after: the evidence that lets a member whose clock is off
+stop stamping revisions. A guard that saw its clock step asks for a round at once.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from collections.abc import Callable, Mapping
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from accord.node.grpc_server import CLOCK_METADATA
 from accord.node.metrics import RTT_BUCKETS, Buckets
 from accord.services.cluster.members import MemberRecord
+from accord.services.kv.clockguard import ClockGuard
 
 log = logging.getLogger("accord.node.peerprobe")
 
@@ -31,6 +38,10 @@ INTERVAL = 5.0
 """Seconds between two probe rounds (etcd's prober runs every 4-5 s)."""
 TIMEOUT = 1.0
 """Seconds a probe may take before it counts as failed."""
+WAKE_CHECK = 0.25
+"""Seconds between two looks at whether the clock guard wants a round now."""
+EARLY_INTERVAL = 0.5
+"""Seconds between rounds until every peer has answered once (a starting member)."""
 
 
 def _address(url: str) -> tuple[str, bool] | None:
@@ -63,11 +74,13 @@ class PeerProber:
     def __init__(self, member_id: int, members: Callable[[], Mapping[int, MemberRecord]],
                  rtt: dict[int, Buckets], failures: dict[int, int], *,
                  interval: float = INTERVAL, timeout: float = TIMEOUT,
-                 tls: Callable[[], grpc.ChannelCredentials] | None = None) -> None:
+                 tls: Callable[[], grpc.ChannelCredentials] | None = None,
+                 clock: ClockGuard | None = None) -> None:
         """``tls``: makes the credentials for peers' ``https://`` URLs (None: only
-        ``http://`` ones are probed)."""
+        ``http://`` ones are probed); ``clock``: the guard fed with the peers' clocks."""
         self._self = member_id
         self._tls = tls
+        self._clock = clock
         self._members = members
         self.rtt = rtt
         self.failures = failures
@@ -75,6 +88,8 @@ class PeerProber:
         self._timeout = timeout
         self._channels: dict[int, tuple[str, grpc.aio.Channel]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._answered_all = False
+        """Whether the last round reached every other member (then rounds slow down)."""
 
     def start(self) -> None:
         """Begin probing (the task is owned here; ``stop`` cancels and awaits it)."""
@@ -93,8 +108,20 @@ class PeerProber:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self._interval)
+            # The clock guard's first evidence comes without waiting: until every peer
+            # answered once, rounds run every EARLY_INTERVAL.
             await self.probe_all()
+            interval = self._interval if self._answered_all else min(EARLY_INTERVAL,
+                                                                       self._interval)
+            waited = 0.0
+            while waited < interval:
+                step = min(WAKE_CHECK, interval - waited)
+                await asyncio.sleep(step)
+                waited += step
+                if self._clock is not None and self._clock.wanted:
+                    break
+            if self._clock is not None:
+                self._clock.wanted = False
 
     async def probe_all(self) -> None:
         """One round: every other member with a client URL it can reach, concurrently."""
@@ -111,8 +138,12 @@ class PeerProber:
             if self._channels[mid][0] != wanted.get(mid):
                 _, ch = self._channels.pop(mid)
                 await ch.close()
+        unpublished = any(not rec.client_urls for mid, rec in self._members().items()
+                          if mid != self._self)
+        before = sum(self.failures.values())
         if wanted:
             await asyncio.gather(*(self._probe(mid, t) for mid, t in wanted.items()))
+        self._answered_all = not unpublished and sum(self.failures.values()) == before
 
     async def _probe(self, mid: int, target: str) -> None:
         entry = self._channels.get(mid)
@@ -127,14 +158,40 @@ class PeerProber:
                 channel = grpc.aio.insecure_channel(address)
             entry = self._channels[mid] = (target, channel)
         stub = health_pb2_grpc.HealthStub(entry[1])
+        clock = self._clock
+        sent_mono, sent = (clock.mono_us(), clock.wall_us()) if clock is not None else (0, 0)
         began = time.perf_counter()
         try:
-            await stub.Check(health_pb2.HealthCheckRequest(), timeout=self._timeout)
+            call = stub.Check(health_pb2.HealthCheckRequest(), timeout=self._timeout)
+            metadata = await call.initial_metadata()
+            await call
         except grpc.aio.AioRpcError as e:
             self.failures[mid] = self.failures.get(mid, 0) + 1
             log.debug("probe of member %x at %s failed: %s", mid, target, e.code().name)
             return
+        if clock is not None:
+            received = clock.wall_us()
+            peer = _clock_of(metadata)
+            if peer is not None:
+                sample = clock.observe(mid, sent, peer, received, sent_mono)
+                if clock.disagrees(sample):
+                    log.warning("member %x's clock differs from this member's by %.1f ms "
+                                "(+-%.1f ms), more than --max-clock-offset %g ms", mid,
+                                sample.offset_us / 1000, sample.err_us / 1000,
+                                clock.max_offset_us / 1000)
         b = self.rtt.get(mid)
         if b is None:
             b = self.rtt[mid] = Buckets(RTT_BUCKETS)
         b.observe(time.perf_counter() - began)
+
+
+def _clock_of(metadata: object) -> int | None:
+    """The peer's clock from a health answer's initial metadata (None if absent or not
+    a number: an older member, or something else answering)."""
+    for key, value in metadata or ():  # type: ignore[attr-defined]
+        if key == CLOCK_METADATA:
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                return None
+    return None

@@ -76,6 +76,7 @@ from accord.services.checkpoints.replicated import CHECKPOINT_GROUP, CheckpointG
 from accord.services.checkpoints.service import lock_name
 from accord.services.checkpoints.servicer import add_checkpoints_service
 from accord.services.cluster.members import ClusterStateMachine, MemberRecord, ShardPlacement
+from accord.services.kv.clockguard import CLOCK_FAILPOINT_ENV, ClockGuard, failpoint_clock
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
 from accord.services.kv.revorder import ORDER_GATE
@@ -205,12 +206,15 @@ class Node:
         await self.transport.start()
         await self.host.start()
         self.backend = ReplicatedBackend(self, self.machines)
-        self.backend.set_clock_drift(cfg.max_clock_offset)
+        self.clock = ClockGuard(cfg.max_clock_offset, cluster_size=lambda: len(self.cluster.members),
+                                wall_ns=failpoint_clock(os.environ.get(CLOCK_FAILPOINT_ENV, "")))
+        self.backend.set_clock_drift(cfg.max_clock_offset, self.clock)
         self.backend.xcoord.set_failpoint(os.environ.get(FAILPOINT_ENV, ""))
         calls = GrpcMetricsInterceptor()
         self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes),
                                  outer_interceptors=[calls],
-                                 auth=auth_guard(cfg, self.cluster, self.host))
+                                 auth=auth_guard(cfg, self.cluster, self.host),
+                                 clock_us=self.clock.wall_us)
         for url, (h, p) in zip(cfg.listen_client_urls, cfg.client_listen_addresses(), strict=True):
             creds = (self.client_tls.grpc_credentials()
                      if self.client_tls is not None and cfg.client_url_is_tls(url) else None)
@@ -241,7 +245,7 @@ class Node:
                 return tls_credentials(cfg.trusted_ca_file, cfg.cert_file, cfg.key_file)
         self._prober = PeerProber(self.member_id, lambda: self.cluster.members,
                                   self.metrics.peer_rtt, self.metrics.peer_probe_failures,
-                                  tls=probe_tls)
+                                  tls=probe_tls, clock=self.clock)
         self._prober.start()
         self._tasks = [
             asyncio.create_task(self._publish(), name="publish-member"),

@@ -32,9 +32,12 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+import grpc
+
 from accord.proto import rpc_pb2
 from accord.services.cluster.alarms import AlarmTable
 from accord.services.kv import errors, fanout, sharding, xlease, xtxn
+from accord.services.kv.clockguard import ClockGuard, ClockUntrusted
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.revorder import RevisionOrder
@@ -268,11 +271,14 @@ class StateMachineBackend(ABC):
         on shard 0 and then deleted on each other shard at its own revision (``xlease``).
         Never set outside tests."""
 
-    def set_clock_drift(self, max_drift_ms: float) -> None:
+    def set_clock_drift(self, max_drift_ms: float, guard: ClockGuard | None = None) -> None:
         """The bound on the members' clock difference the commit-wait allows for
-        (``--max-clock-drift``; ``revorder.py``); nothing to do with one shard."""
+        (``--max-clock-offset``; ``revorder.py``), and the guard that refuses to stamp
+        while this member's clock disagrees with the cluster's (``clockguard.py``; its
+        wall clock is the one stamped); nothing to do with one shard."""
         if self.order is not None:
-            self.order = RevisionOrder(self.shards, max_drift_ms)
+            clock = guard.wall_ns if guard is not None else time.time_ns
+            self.order = RevisionOrder(self.shards, max_drift_ms, clock, guard)
         elif max_drift_ms < 0:
             raise ValueError("max_drift_ms must be >= 0")
 
@@ -461,7 +467,10 @@ class StateMachineBackend(ABC):
         order = self.order
         if order is None or not self.ordered_commands:
             return 0
-        return order.stamp()
+        try:
+            return order.stamp()
+        except ClockUntrusted as e:
+            raise EtcdError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
 
     async def settle(self, revision: int) -> None:
         """Before answering at ``revision``: the commit-wait of the revision order."""

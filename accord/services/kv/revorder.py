@@ -18,7 +18,9 @@ are on (``docs/txn.md``, "One revision order"). This module is the proposer's ha
   R // n is the clock time of a write already applied).
 
 The stamp is negative so that an older member could never mistake it for a floor; a
-proposer only sends stamps once every member advertises :data:`ORDER_GATE`.
+proposer only sends stamps once every member advertises :data:`ORDER_GATE`. A member
+whose clock disagrees with the cluster's, or just stepped, stamps nothing: its
+:class:`~accord.services.kv.clockguard.ClockGuard` refuses (``clockguard.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+
+from accord.services.kv.clockguard import ClockGuard
 
 ORDER_GATE = 5
 """The command format from which members apply ordered stamps (the cluster-version gate)."""
@@ -35,7 +39,10 @@ class RevisionOrder:
     """Stamps and commit-waits for one member of an ``n``-shard store."""
 
     def __init__(self, shards: int, max_drift_ms: float = 0.0,
-                 clock_ns: Callable[[], int] = time.time_ns) -> None:
+                 clock_ns: Callable[[], int] = time.time_ns,
+                 guard: ClockGuard | None = None) -> None:
+        """``guard``: checked before every stamp (``ClockUntrusted`` when this member's
+        clock may not be used); None trusts the clock (simulations, in-process tests)."""
         if shards < 2:
             raise ValueError("a revision order is for two or more shards")
         if max_drift_ms < 0:
@@ -44,6 +51,7 @@ class RevisionOrder:
         self.drift_us = int(max_drift_ms * 1000)
         self._clock_ns = clock_ns
         self._last = 0
+        self.guard = guard
         self.waits = 0
         """How many answers had to wait (a measure of the clock being behind revisions)."""
 
@@ -55,7 +63,10 @@ class RevisionOrder:
         return self._last
 
     def stamp(self) -> int:
-        """The ``min_revision`` of an ordered write proposed now (negative: a stamp)."""
+        """The ``min_revision`` of an ordered write proposed now (negative: a stamp);
+        raises ``ClockUntrusted`` when the guard refuses this member's clock."""
+        if self.guard is not None:
+            self.guard.check()
         return -(max(1, self.now_us()) * self.shards)
 
     def ready(self, revision: int) -> bool:
