@@ -1,15 +1,19 @@
 """A bank on real daemons (3 members, ``--shards 8``): accounts on different shards,
 concurrent transfers by two-key compare-and-swap Txns through every member, an auditor
-reading all accounts (one range over every shard) throughout; a member is killed -9 in
-the middle and started again. Every audit sums to the total; the killed member's
-coordinations in flight are resolved (all-or-nothing) by the others."""
+reading all accounts (one range over every shard) throughout, while a fault hits one
+member in the middle: killed -9 and started again, paused (SIGSTOP) past the
+transactions' deadline and resumed, or cut off from both others by a partition of its
+peer links and healed. Every audit sums to the total; the coordinations in flight on
+the member hit are resolved (all-or-nothing) by the others."""
 
 from __future__ import annotations
 
 import random
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -18,6 +22,7 @@ from accord.proto import rpc_pb2 as pb
 from accord.services.kv.ranges import prefix_end
 from accord.services.kv.sharding import shard_of
 from tests.integration.cluster import ProcCluster
+from tests.integration.test_partition import proxied_cluster
 
 SHARDS = 8
 PREFIX = b"/bank/"
@@ -43,6 +48,49 @@ def _accounts(n: int) -> list[bytes]:
 
 
 def test_transfers_keep_the_total_across_a_kill(cluster: ProcCluster) -> None:
+    def kill(victim: int, down: set[int]) -> None:
+        down.add(victim)
+        cluster.kill(cluster.nodes[victim], keep_channel=True)
+        time.sleep(8)  # past the txn deadline: its intents are resolved by the others
+        cluster.start(cluster.nodes[victim])
+        cluster.wait_serving(cluster.nodes[victim])
+        down.discard(victim)
+
+    _bank(cluster, kill)
+
+
+def test_transfers_keep_the_total_across_a_pause(cluster: ProcCluster) -> None:
+    def pause(victim: int, down: set[int]) -> None:
+        down.add(victim)
+        cluster.signal(cluster.nodes[victim], signal.SIGSTOP)
+        try:
+            time.sleep(8)  # its leaderships move, its intents pass their deadline
+        finally:
+            cluster.signal(cluster.nodes[victim], signal.SIGCONT)
+        down.discard(victim)
+
+    _bank(cluster, pause)
+
+
+def test_transfers_keep_the_total_across_a_partition(tmp_path: Path) -> None:
+    with proxied_cluster(tmp_path, ("--shards", str(SHARDS))) as (c, proxies):
+        c.wait_published()
+
+        def cut_off(victim: int, _down: set[int]) -> None:
+            # Clients keep calling the cut-off member (its calls fail or time out).
+            name = c.nodes[victim].name
+            proxies.partition([name], [n.name for n in c.nodes if n.name != name])
+            try:
+                time.sleep(8)
+            finally:
+                proxies.heal()
+
+        _bank(c, cut_off)
+
+
+def _bank(cluster: ProcCluster, fault: Callable[[int, set[int]], None]) -> None:
+    """Run the bank for a while, ``fault(member index, down)`` in the middle (it adds
+    the members clients must avoid to ``down`` and removes them when they are back)."""
     seed = random.randrange(1 << 30)
     print("seed", seed)
     accounts = _accounts(5)
@@ -114,13 +162,7 @@ def test_transfers_keep_the_total_across_a_kill(cluster: ProcCluster) -> None:
         t.start()
     try:
         time.sleep(6)
-        victim = cluster.nodes[1]
-        down.add(1)
-        cluster.kill(victim, keep_channel=True)
-        time.sleep(8)  # past the txn deadline: its intents are resolved by the others
-        cluster.start(victim)
-        cluster.wait_serving(victim)
-        down.discard(1)
+        fault(1, down)
         time.sleep(6)
     finally:
         stop.set()
