@@ -261,9 +261,13 @@ class PeerTransport:
     # -- peers ---------------------------------------------------------------
 
     def set_peer(self, node_id: int, host: str, port: int) -> None:
-        """Add a peer or change its address (the link reconnects)."""
+        """Add a peer or change its address (the link reconnects).
+
+        ``port`` is the peer's advertised peer port ``P``; a transport of worker ``k``
+        dials ``P + k``, worker ``k`` of that node (``docs/workers.md``)."""
         if node_id == self.node_id or node_id <= 0:
             raise ValueError(f"invalid peer id {node_id} (self is {self.node_id})")
+        port += self.worker
         old = self._peers.get(node_id)
         if old is not None:
             if (old.host, old.port) == (host, port):

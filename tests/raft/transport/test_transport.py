@@ -295,12 +295,12 @@ async def test_workers_link_only_to_the_same_worker_of_other_nodes(broken: bool)
     for t in (b1, b0, a1, wrong):
         await t.start()
     try:
-        a1.set_peer(2, "127.0.0.1", b1.listen_port)
+        a1.set_peer(2, "127.0.0.1", b1.listen_port - 1)  # node 2's peer port P; worker 1 is P+1
         await until(lambda: a1.connected(2), "worker 1 to worker 1")
         a1.send(2, 1, Message(MessageType.HEARTBEAT, 2, 1, term=1))
         a1.flush()
         await until(lambda: len(boxes[0].messages) == 1, "a message between workers 1")
-        wrong.set_peer(2, "127.0.0.1", b0.listen_port)
+        wrong.set_peer(2, "127.0.0.1", b0.listen_port - 1)  # dials b0's port: the wrong worker
         if broken:
             await until(lambda: wrong.connected(2), "the broken variant links across workers")
         else:
@@ -308,6 +308,44 @@ async def test_workers_link_only_to_the_same_worker_of_other_nodes(broken: bool)
             assert not wrong.connected(2) and b0.stats.accepts == 0
     finally:
         for t in (b1, b0, a1, wrong):
+            await t.stop()
+
+
+class NoPortOffset(PeerTransport):
+    """Broken variant: dials a peer's advertised port whatever this transport's worker."""
+
+    def set_peer(self, node_id: int, host: str, port: int) -> None:
+        super().set_peer(node_id, host, port - self.worker)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+async def test_worker_k_dials_port_p_plus_k_of_its_peers(broken: bool) -> None:
+    """A peer's advertised port P is its worker 0's; worker 2 of this node dials P + 2,
+    where worker 2 of the peer listens (the broken variant dials P: worker 0, refused)."""
+    cls = NoPortOffset if broken else PeerTransport
+    boxes = [Inbox() for _ in range(3)]
+    peer0 = PeerTransport(2, "127.0.0.1", 0, on_messages=boxes[0].on_messages, cluster_id=CLUSTER)
+    await peer0.start()
+    base = peer0.listen_port
+    peer2 = PeerTransport(2, "127.0.0.1", base + 2, on_messages=boxes[1].on_messages,
+                          cluster_id=CLUSTER, worker=2)
+    me = cls(1, "127.0.0.1", 0, on_messages=boxes[2].on_messages, cluster_id=CLUSTER, worker=2,
+             backoff_min=0.01, backoff_max=0.1)
+    try:
+        await peer2.start()
+        await me.start()
+        me.set_peer(2, "127.0.0.1", base)
+        if broken:
+            await until(lambda: peer0.stats.handshake_failures >= 1, "worker 0 refuses worker 2")
+            assert not me.connected(2)
+        else:
+            await until(lambda: me.connected(2), "worker 2 links to the peer's worker 2")
+            me.send(2, 1, Message(MessageType.HEARTBEAT, 2, 1, term=1))
+            me.flush()
+            await until(lambda: len(boxes[1].messages) == 1, "a message reaches worker 2")
+            assert peer0.stats.accepts == 0
+    finally:
+        for t in (me, peer2, peer0):
             await t.stop()
 
 
