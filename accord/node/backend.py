@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import crc32c
@@ -98,15 +99,32 @@ def unavailable(e: GroupUnavailable) -> EtcdError:
 class ReplicatedBackend(StateMachineBackend):
     """The etcd API's backend on the node's Raft-replicated KV shards."""
 
-    def __init__(self, node: NodeParts, machines: Sequence[KVStateMachine]) -> None:
+    def __init__(self, node: NodeParts, machines: Sequence[KVStateMachine],
+                 local: Sequence[int] | None = None, worker: int = 0) -> None:
         super().__init__(machines)
         self.node = node
         self.groups = [kv_group(i) for i in range(len(machines))]
         self.alarms = node.cluster.alarms  # replicated through the meta group
+        self.local: frozenset[int] | None = None if local is None else frozenset(local)
+        """The shards this process hosts, in a worker of a node of several
+        (``docs/workers.md``); None: every shard. The machines of the others stay empty:
+        the worker router (``node/workers.py``) sends their calls to their owner, and
+        :meth:`commit` and :meth:`read_barrier` refuse them (never an empty answer)."""
+        self.worker = worker
+        self._home = KV_GROUP if self.local is None else kv_group(min(self.local))
+        """The group whose Raft facts fill headers and Status: shard 0's, or a worker's
+        first shard's where shard 0 is another worker's."""
 
     @property
     def _group(self) -> Any:
-        return self.node.host.group(KV_GROUP)
+        return self.node.host.group(self._home)
+
+    def _check_local(self, shard: int) -> None:
+        if self.local is not None and shard not in self.local:
+            raise EtcdError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"etcdserver: shard {shard} is not hosted by worker {self.worker} of this node "
+                f"(--workers): this call should have been sent to its owner")
 
     @property
     def compact_commands(self) -> bool:
@@ -131,6 +149,8 @@ class ReplicatedBackend(StateMachineBackend):
 
     async def commit(self, command: bytes, shard: int = 0) -> Any:
         """Replicate ``command`` on ``shard``; the answer is what its apply returned."""
+        if self.local is not None:
+            self._check_local(shard)
         try:
             return await self.node.host.propose(self.groups[shard], command)
         except GroupUnavailable as e:
@@ -138,13 +158,18 @@ class ReplicatedBackend(StateMachineBackend):
 
     async def read_barrier(self, shard: int = 0) -> None:
         """ReadIndex: wait until this member applied all ``shard`` committed before now."""
+        if self.local is not None:
+            self._check_local(shard)
         try:
             await self.node.host.read_barrier(self.groups[shard])
         except GroupUnavailable as e:
             raise unavailable(e) from None
 
     def leads(self, shard: int) -> bool:
-        """Whether this member leads ``shard``'s Raft group now."""
+        """Whether this member leads ``shard``'s Raft group now (never one of another
+        worker's shards)."""
+        if self.local is not None and shard not in self.local:
+            return False
         return bool(self.node.host.group(self.groups[shard]).core.role == Role.LEADER)
 
     def lease_clock(self) -> tuple[int, int]:
@@ -238,7 +263,7 @@ class ReplicatedBackend(StateMachineBackend):
         A stat of the data directory's files, off the loop: clients such as Kubernetes
         poll Status, so it must not serialize the store.
         """
-        root = self.node.data_dir
+        root = Path(self.node.config.data_dir)  # a node of several workers: all of theirs
 
         def walk() -> int:
             total = 0

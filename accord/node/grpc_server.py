@@ -126,10 +126,16 @@ class MethodTable(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     def __init__(self) -> None:
         self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self.fallback: Callable[[str], grpc.RpcMethodHandler | None] | None = None
+        """Asked for a method without a handler (a worker of a node of several refuses
+        those by name: ``node/workers.py``); None: the other generic handlers are."""
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         """The handler of the call's method, or None (the other generic handlers are asked)."""
-        return self.handlers.get(handler_call_details.method)
+        h = self.handlers.get(handler_call_details.method)
+        if h is None and self.fallback is not None:
+            return self.fallback(handler_call_details.method)
+        return h
 
     def add(self, service_name: str, method_handlers: dict[str, grpc.RpcMethodHandler]) -> None:
         """Take ``service_name``'s methods (``add_registered_method_handlers``' arguments)."""

@@ -1,0 +1,303 @@
+"""Which worker of a node serves a client call, for a node of several (``docs/workers.md``).
+
+Every worker binds the client port (``SO_REUSEPORT``), so a call lands on any of them.
+``WorkerRouter.install`` rewrites the worker's method table (``grpc_server.MethodTable``)
+so that each etcd method is, on every worker alike:
+
+* **routed** (KV ``Range``, ``Put``, ``DeleteRange``, ``Txn``): served here when this
+  worker hosts the key's shard, else forwarded over the owner's forwarding socket
+  (``forwardgrpc.py``) and answered with the owner's answer or status. A Range over shards
+  of several workers (or at a given revision) is read across them as a multi-shard range
+  is read across shards (``StateMachineBackend.range``): a ReadIndex barrier on every
+  shard it reads (``RangeTops``: each worker for its shards, answering their highest
+  revision), R = the highest (or the requested revision, when the store has it), then
+  every worker floors its shards at R and reads them at R (``RangeParts``), and the parts
+  are merged here (``fanout.merge_ranges``) after the commit-wait for R. A DeleteRange or
+  a Txn over several shards is refused (FAILED_PRECONDITION naming ``--workers``): its
+  intents would span the workers' coordinators;
+* **on worker 0** (the member list, ``Status``, alarms, defragment, auth but its
+  ``AuthEnable``): the meta group's calls, forwarded there from the other workers;
+* **local** (reflection): each worker answers for itself;
+* **refused** (everything else: watches, leases, compaction, member changes, hashes,
+  snapshots, leader moves, enabling auth, locks and elections, gRPC health, accord's own
+  services):
+  UNIMPLEMENTED with a message naming ``--workers``, never a partial answer from one
+  worker's shards.
+
+The forwarding socket of each worker serves the *local* handlers (never the routing
+ones: a call is forwarded at most once) and the two internal range steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import grpc
+import msgpack
+
+from accord.node.backend import ReplicatedBackend
+from accord.node.forward import ForwardClient, ForwardedError, Handler
+from accord.node.forwardgrpc import DEFAULT_TIMEOUT_S, forward_unary, owner_handlers
+from accord.node.placement import WorkerPlan
+from accord.proto import rpc_pb2
+from accord.services.kv import errors, fanout, sharding
+from accord.services.kv.errors import EtcdError
+from accord.services.kv.ranges import KeyRange
+from accord.services.kv.servicer import fill_header
+
+KV = "/etcdserverpb.KV/"
+RANGE_TOPS = "/accord.worker/RangeTops"
+"""Internal: ``[shards, barrier]`` -> the highest revision of those shards (after a
+ReadIndex barrier on each when ``barrier``)."""
+RANGE_PARTS = "/accord.worker/RangeParts"
+"""Internal: ``[RangeRequest, shards, R, serializable]`` -> each shard's answer at R
+(floored there first unless serializable)."""
+
+ROUTED = {f"{KV}Range", f"{KV}Put", f"{KV}DeleteRange", f"{KV}Txn"}
+ON_WORKER_0 = {
+    "/etcdserverpb.Cluster/MemberList",
+    "/etcdserverpb.Maintenance/Status",
+    "/etcdserverpb.Maintenance/Alarm",
+    "/etcdserverpb.Maintenance/Defragment",
+    *(f"/etcdserverpb.Auth/{m}" for m in (
+        "AuthDisable", "AuthStatus", "Authenticate", "UserAdd", "UserGet", "UserList",
+        "UserDelete", "UserChangePassword", "UserGrantRole", "UserRevokeRole", "RoleAdd",
+        "RoleGet", "RoleList", "RoleDelete", "RoleGrantPermission", "RoleRevokePermission")),
+}
+LOCAL_PREFIXES = ("/grpc.reflection.",)
+
+
+def refusal(method: str, workers: int) -> str:
+    """The message of a call a node of several workers does not serve yet."""
+    return (f"{method} is not served by a node of --workers {workers} yet "
+            f"(docs/workers.md, \"Status\"); run it with --workers 1")
+
+
+def _response_class(method: str) -> Any:
+    """The response message class of an etcd method (``/etcdserverpb.S/M``)."""
+    service, name = method.strip("/").split("/")
+    desc = rpc_pb2.DESCRIPTOR.services_by_name[service.split(".")[-1]].methods_by_name[name]
+    return getattr(rpc_pb2, desc.output_type.name)
+
+
+def _refusing(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    """A handler of any call shape that fails the call with ``code`` at once (a stream
+    handler without deserializers reads nothing, so unary and streaming calls alike)."""
+    async def refuse(_requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(code, message)
+        yield  # pragma: no cover - abort raises; this makes it an async generator
+    return grpc.stream_stream_rpc_method_handler(refuse)
+
+
+class WorkerRouter:
+    """Routes this worker's client calls (see the module docstring)."""
+
+    def __init__(self, plan: WorkerPlan, index: int, backend: ReplicatedBackend,
+                 clients: Mapping[int, ForwardClient]) -> None:
+        self.plan = plan
+        self.index = index
+        self.backend = backend
+        self.clients = dict(clients)
+        """Worker index -> the client of its forwarding socket (not this worker's own)."""
+        self.forwarded = 0
+        """Calls this worker handed to another (for tests and a later metric)."""
+
+    # -- the method table ----------------------------------------------------
+
+    def install(self, handlers: dict[str, grpc.RpcMethodHandler]) -> dict[str, Handler]:
+        """Rewrite ``handlers`` (the server's method table, in place) for this worker and
+        return what its forwarding socket serves: the local handlers' unary ones and the
+        internal range steps."""
+        local = dict(handlers)
+        served: dict[str, Handler] = owner_handlers(
+            {m: h for m, h in local.items() if m in ROUTED or m in ON_WORKER_0})
+        served[RANGE_TOPS] = self._serve_tops
+        served[RANGE_PARTS] = self._serve_parts
+        n = self.plan.workers
+        for method, h in local.items():
+            if method.startswith(LOCAL_PREFIXES):
+                continue
+            if method in ROUTED:
+                handlers[method] = self._routed(method, h)
+            elif method in ON_WORKER_0:
+                if self.index != 0:
+                    handlers[method] = self._forwarding(method, h, lambda _r: 0)
+            else:
+                handlers[method] = _refusing(grpc.StatusCode.UNIMPLEMENTED, refusal(method, n))
+        return served
+
+    def fallback(self, method: str) -> grpc.RpcMethodHandler | None:
+        """A method this worker has no handler for (a service only worker 0 registers):
+        refused as the others are, instead of gRPC's bare "Method not found"."""
+        if method.startswith(LOCAL_PREFIXES):
+            return None
+        return _refusing(grpc.StatusCode.UNIMPLEMENTED, refusal(method, self.plan.workers))
+
+    def _forwarding(self, method: str, h: grpc.RpcMethodHandler,
+                    owner_of: Callable[[Any], int]) -> grpc.RpcMethodHandler:
+        """``h``'s shape, serving the call where ``owner_of(request)`` says."""
+        local = h.unary_unary
+        deserialize = _response_class(method).FromString
+
+        async def serve(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                owner = owner_of(request)
+            except EtcdError as e:
+                await context.abort(e.code, e.message)
+            if owner == self.index:
+                return await local(request, context)
+            self.forwarded += 1
+            return await forward_unary(self.clients[owner], method, request, context, deserialize)
+
+        return grpc.unary_unary_rpc_method_handler(
+            serve, request_deserializer=h.request_deserializer,
+            response_serializer=h.response_serializer)
+
+    def _routed(self, method: str, h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        name = method[len(KV):]
+        if name == "Put":
+            return self._forwarding(method, h, lambda r: self._owner([self.backend.shard_of(r.key)]))
+        if name == "DeleteRange":
+            return self._forwarding(method, h, lambda r: self._owner(
+                sharding.shards_of_range(r.key, r.range_end, self.plan.shards), "DeleteRange"))
+        if name == "Txn":
+            return self._forwarding(method, h, lambda r: self._owner(
+                sorted(sharding.shards_of_txn(r, self.plan.shards)) or [0], "Txn"))
+        forward = self._forwarding(method, h, self._range_owner).unary_unary
+
+        async def range_(request: rpc_pb2.RangeRequest,
+                         context: grpc.aio.ServicerContext) -> rpc_pb2.RangeResponse:
+            shards = sharding.shards_of_range(request.key, request.range_end, self.plan.shards)
+            if request.revision == 0 and len({self.plan.worker_of_shard(s) for s in shards}) == 1:
+                return await forward(request, context)  # type: ignore[no-any-return]
+            try:
+                resp = await self.range_across(request, shards)
+            except EtcdError as e:
+                await context.abort(e.code, e.message)
+            except ForwardedError as e:
+                await context.abort(e.code, e.message)
+            fill_header(resp.header, self.backend)
+            return resp
+
+        return grpc.unary_unary_rpc_method_handler(
+            range_, request_deserializer=h.request_deserializer,
+            response_serializer=h.response_serializer)
+
+    def _range_owner(self, request: rpc_pb2.RangeRequest) -> int:
+        return self._owner(sharding.shards_of_range(request.key, request.range_end,
+                                                    self.plan.shards))
+
+    def _owner(self, shards: Sequence[int], what: str = "") -> int:
+        """The one worker hosting ``shards``; a write over several shards is refused."""
+        if len(shards) > 1 and what:
+            raise EtcdError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"etcdserver: a {what} over several shards ({', '.join(map(str, shards))}) is "
+                f"not served by a node of --workers {self.plan.workers} yet "
+                f"(docs/workers.md, \"Status\"); keep its keys under one prefix /a/b/ or run "
+                f"the node with --workers 1")
+        return self.plan.worker_of_shard(shards[0])
+
+    # -- a range across workers ----------------------------------------------
+
+    def _by_worker(self, shards: Sequence[int]) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for s in shards:
+            out.setdefault(self.plan.worker_of_shard(s), []).append(s)
+        return out
+
+    async def range_across(self, req: rpc_pb2.RangeRequest,
+                           shards: Sequence[int]) -> rpc_pb2.RangeResponse:
+        """``req`` read over the workers hosting ``shards`` (see the module docstring)."""
+        b = self.backend
+        b.sm.validate_range(req)
+        by_worker = self._by_worker(shards)
+        barrier = not req.serializable
+        tops = await asyncio.gather(*(self._tops(w, s, barrier) for w, s in by_worker.items()))
+        top = max(tops)
+        rev = req.revision if req.revision > 0 else top
+        if rev > top:
+            # A revision of the store (some shard has it) is readable on every shard once
+            # floored there, as on one etcd; above every shard's it is a future revision.
+            every = self._by_worker(range(self.plan.shards))
+            store = max(await asyncio.gather(
+                *(self._tops(w, s, barrier) for w, s in every.items())))
+            if rev > store:
+                raise errors.FUTURE_REV
+        answers = await asyncio.gather(
+            *(self._parts(w, req, s, rev) for w, s in by_worker.items()))
+        parts = [p for ps in answers for p in ps]
+        if barrier:
+            await b.settle(rev)
+        return fanout.merge_ranges(req, parts, rev, b.sm.limits)
+
+    async def _tops(self, worker: int, shards: list[int], barrier: bool) -> int:
+        if worker == self.index:
+            return await self.local_tops(shards, barrier)
+        body = msgpack.packb([shards, barrier])
+        return int(msgpack.unpackb(await self.clients[worker].call(
+            RANGE_TOPS, body, DEFAULT_TIMEOUT_S)))
+
+    async def _parts(self, worker: int, req: rpc_pb2.RangeRequest, shards: list[int],
+                     rev: int) -> list[rpc_pb2.RangeResponse]:
+        if worker == self.index:
+            return await self.local_parts(req, shards, rev)
+        body = msgpack.packb([req.SerializeToString(), shards, rev])
+        raw = msgpack.unpackb(await self.clients[worker].call(RANGE_PARTS, body,
+                                                              DEFAULT_TIMEOUT_S))
+        return [rpc_pb2.RangeResponse.FromString(p) for p in raw]
+
+    async def local_tops(self, shards: Sequence[int], barrier: bool) -> int:
+        """The highest revision of this worker's ``shards`` (after a barrier on each)."""
+        b = self.backend
+        if barrier:
+            await b._each(list(shards), b.read_barrier)
+        return max(int(b.machines[s].revision) for s in shards)
+
+    async def local_parts(self, req: rpc_pb2.RangeRequest, shards: Sequence[int],
+                          rev: int) -> list[rpc_pb2.RangeResponse]:
+        """Each of this worker's ``shards`` read at ``rev``: floored there first and the
+        intents in the way waited out (linearizable), or at its own latest when that is
+        lower (serializable)."""
+        b = self.backend
+        for s in shards:
+            b._check_local(s)
+        if req.serializable:
+            return [b.machines[s].range(fanout.per_shard_request(
+                req, min(rev, int(b.machines[s].revision)))) for s in shards]
+        await b.floor(list(shards), rev)
+        kr = [KeyRange.of(req.key, req.range_end)]
+        await b._each(list(shards), lambda s: b.wait_intents(s, kr, rev))
+        sub = fanout.per_shard_request(req, rev)
+        return [b.machines[s].range(sub) for s in shards]
+
+    async def _serve_tops(self, body: bytes) -> bytes:
+        shards, barrier = _decode(body, 2)
+        return bytes(msgpack.packb(await _etcd(self.local_tops(shards, bool(barrier)))))
+
+    async def _serve_parts(self, body: bytes) -> bytes:
+        raw, shards, rev = _decode(body, 3)
+        req = rpc_pb2.RangeRequest.FromString(raw)
+        parts = await _etcd(self.local_parts(req, shards, int(rev)))
+        return bytes(msgpack.packb([p.SerializeToString() for p in parts]))
+
+
+def _decode(body: bytes, n: int) -> list[Any]:
+    try:
+        fields = msgpack.unpackb(body)
+        if not isinstance(fields, list) or len(fields) != n:
+            raise ValueError(body[:40])
+        return fields
+    except Exception:
+        raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"an internal range step expected {n} fields") from None
+
+
+async def _etcd(call: Awaitable[Any]) -> Any:
+    """Await ``call``; an etcd error travels back as its status."""
+    try:
+        return await call
+    except EtcdError as e:
+        raise ForwardedError(e.code, e.message) from None

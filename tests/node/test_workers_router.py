@@ -1,0 +1,199 @@
+"""The worker router's range across workers and the backend's guard on other workers'
+shards (``accord/node/workers.py``, ``docs/workers.md``), with two workers' backends in
+one process, each over a stand-in host that applies proposals at once, linked by real
+forwarding sockets."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import pytest
+
+from accord.node.backend import ReplicatedBackend, kv_group
+from accord.node.forward import ForwardClient, ForwardServer
+from accord.node.placement import WorkerPlan, shard_of_group
+from accord.node.workers import WorkerRouter
+from accord.proto import rpc_pb2 as pb
+from accord.raft.core.types import Role
+from accord.services.cluster.alarms import AlarmTable
+from accord.services.kv import fanout
+from accord.services.kv.errors import EtcdError
+from accord.services.kv.sharding import shard_of
+from accord.services.kv.statemachine import KVStateMachine
+
+SHARDS = 4
+PLAN = WorkerPlan(2, SHARDS)
+
+
+@dataclass
+class StandInHost:
+    """Proposals applied at once, barriers counted; only the worker's own groups."""
+
+    machines: list[KVStateMachine]
+    local: Sequence[int]
+    barriers: list[int] = field(default_factory=list)
+    groups: dict[int, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for s in self.local:
+            core = SimpleNamespace(term=1, leader_id=1, role=Role.LEADER)
+            self.groups[kv_group(s)] = SimpleNamespace(core=core)
+
+    def group(self, gid: int) -> Any:
+        return self.groups[gid]
+
+    async def propose(self, gid: int, command: bytes, timeout: float | None = None) -> Any:
+        assert gid in self.groups, f"group {gid} proposed on a worker that does not host it"
+        return self.machines[shard_of_group(gid)].apply(command)
+
+    async def read_barrier(self, gid: int) -> None:
+        assert gid in self.groups
+        self.barriers.append(shard_of_group(gid))
+
+
+class LocalOnly(WorkerRouter):
+    """Broken variant: reads every shard from this worker's own machines (the other
+    worker's are empty stand-ins here) instead of asking their owner."""
+
+    async def _parts(self, worker: int, req: pb.RangeRequest, shards: list[int],
+                     rev: int) -> list[pb.RangeResponse]:
+        return [self.backend.machines[s].range(fanout.per_shard_request(
+            req, min(rev, int(self.backend.machines[s].revision)))) for s in shards]
+
+
+@dataclass
+class Worker:
+    backend: ReplicatedBackend
+    host: StandInHost
+    router: WorkerRouter
+    server: ForwardServer
+
+
+async def two_workers(tmp: Path, broken: bool = False) -> list[Worker]:
+    out: list[Worker] = []
+    socks = [tmp / f"w{k}.sock" for k in range(2)]
+    for k in range(2):
+        machines = [KVStateMachine(stripe=(SHARDS, i)) for i in range(SHARDS)]
+        host = StandInHost(machines, PLAN.shards_of(k))
+        node = SimpleNamespace(config=SimpleNamespace(cluster_id=7, data_dir=str(tmp)),
+                               member_id=1, host=host,
+                               # every member applies every command format: ordered stamps
+                               cluster=SimpleNamespace(alarms=AlarmTable(),
+                                                       min_command_format=lambda: 1 << 30))
+        backend = ReplicatedBackend(node, machines, local=PLAN.shards_of(k),  # type: ignore[arg-type]
+                                    worker=k)
+        cls = LocalOnly if broken and k == 0 else WorkerRouter
+        router = cls(PLAN, k, backend, {1 - k: ForwardClient(socks[1 - k])})
+        served = router.install({})
+        server = ForwardServer(socks[k], served)
+        await server.start()
+        out.append(Worker(backend, host, router, server))
+    return out
+
+
+@pytest.fixture
+async def workers(tmp_path: Path) -> AsyncIterator[list[Worker]]:
+    ws = await two_workers(tmp_path)
+    yield ws
+    await stop(ws)
+
+
+async def stop(ws: list[Worker]) -> None:
+    for w in ws:
+        for c in w.router.clients.values():
+            await c.close()
+    for w in ws:
+        await w.server.stop()
+
+
+def keys_of(worker: int, n: int) -> list[bytes]:
+    out, i = [], 0
+    while len(out) < n:
+        key = f"k{i}".encode()
+        if PLAN.worker_of_shard(shard_of(key, SHARDS)) == worker:
+            out.append(key)
+        i += 1
+    return out
+
+
+async def fill(ws: list[Worker]) -> dict[bytes, int]:
+    revs = {}
+    for k, w in enumerate(ws):
+        for key in keys_of(k, 5):
+            resp = await w.backend.put(pb.PutRequest(key=key, value=b"v" + key))
+            revs[key] = int(resp.header.revision)
+    return revs
+
+
+EVERY = pb.RangeRequest(key=b"k", range_end=b"l")
+
+
+@pytest.mark.parametrize("broken", [False, True])
+async def test_a_range_over_both_workers_reads_every_shard_from_its_owner(
+        tmp_path: Path, broken: bool) -> None:
+    ws = await two_workers(tmp_path, broken)
+    try:
+        revs = await fill(ws)
+        resp = await ws[0].router.range_across(EVERY, list(range(SHARDS)))
+        got = [kv.key for kv in resp.kvs]
+        if broken:
+            assert got != sorted(revs), "the broken variant should miss worker 1's keys"
+            return
+        assert got == sorted(revs)
+        rev = int(resp.header.revision)
+        assert rev == max(revs.values())
+        # Every shard passed a barrier on its owner, and is floored at the answer's
+        # revision (no write lands at or below it afterwards).
+        for k, w in enumerate(ws):
+            assert set(w.host.barriers) == set(PLAN.shards_of(k))
+            for s in PLAN.shards_of(k):
+                assert w.backend.machines[s].revision >= rev
+        counted = await ws[1].router.range_across(
+            pb.RangeRequest(key=b"k", range_end=b"l", count_only=True), list(range(SHARDS)))
+        assert counted.count == len(revs) and not counted.kvs
+    finally:
+        await stop(ws)
+
+
+async def test_a_range_at_a_revision_sees_the_store_as_it_was(workers: list[Worker]) -> None:
+    revs = await fill(workers)
+    order = sorted(revs, key=revs.__getitem__)
+    mid = revs[order[4]]
+    for w in workers:
+        at = await w.router.range_across(pb.RangeRequest(key=b"k", range_end=b"l", revision=mid),
+                                         list(range(SHARDS)))
+        assert sorted(kv.key for kv in at.kvs) == sorted(order[:5])
+        # One shard, at a revision another worker's shard made: readable once floored.
+        first = order[0]
+        one = await w.router.range_across(pb.RangeRequest(key=first, revision=mid),
+                                          [shard_of(first, SHARDS)])
+        assert [kv.key for kv in one.kvs] == [first]
+    with pytest.raises(EtcdError) as e:
+        await workers[0].router.range_across(
+            pb.RangeRequest(key=b"k", range_end=b"l", revision=max(revs.values()) + 1000),
+            list(range(SHARDS)))
+    assert e.value.code == grpc.StatusCode.OUT_OF_RANGE
+
+
+async def test_a_worker_refuses_to_write_or_read_another_workers_shard(
+        workers: list[Worker]) -> None:
+    """The guard under the router: an empty stand-in machine is never written or read
+    as if it held the shard."""
+    b0 = workers[0].backend
+    theirs = keys_of(1, 1)[0]
+    shard = shard_of(theirs, SHARDS)
+    before = b0.machines[shard].revision
+    with pytest.raises(EtcdError) as e:
+        await b0.put(pb.PutRequest(key=theirs, value=b"x"))
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "--workers" in e.value.message
+    with pytest.raises(EtcdError):
+        await b0.range(pb.RangeRequest(key=theirs))
+    with pytest.raises(EtcdError):
+        await workers[0].router.local_parts(pb.RangeRequest(key=theirs), [shard], 1)
+    assert b0.machines[shard].revision == before
+    assert not b0.leads(shard) and b0.leads(PLAN.shards_of(0)[0])
