@@ -113,6 +113,10 @@ class ForwardServer:
         self._conns.add(task)
         try:
             await self._serve(writer)
+        except asyncio.CancelledError:
+            # ``stop`` ends the connection: return normally, since asyncio's stream callback
+            # asks this task for its exception and logs a cancelled one as an error.
+            pass
         finally:
             self._conns.discard(task)
             close_writer(writer)
