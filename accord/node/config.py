@@ -130,6 +130,10 @@ class Config:
     heartbeat_interval: int = _opt(100, "Raft heartbeat interval and tick length, in ms.")
     election_timeout: int = _opt(1000, "Raft election timeout in ms (at least 5x the heartbeat interval).")
     shards: int = _opt(8, "Number of key-space shards (Raft groups) at bootstrap, besides the meta group.")
+    workers: int = _opt(1, "Worker processes of this node (docs/workers.md): KV shard s runs in "
+                           "worker s mod N, peer port P+k is worker k's; fixed when the data "
+                           "directory is created. Above 1, what the workers do not serve yet "
+                           "is refused (docs/workers.md, \"Status\").")
     max_request_bytes: int = _opt(1536 * 1024, "Largest client request accepted, in bytes.")
     quota_backend_bytes: int = _opt(2 << 30, "Storage quota in bytes; writes are refused above it.")
     max_txn_ops: int = _opt(128, "Most operations in one Txn.")
@@ -368,7 +372,10 @@ class Config:
 
     @property
     def metrics_enabled(self) -> bool:
-        """False when ``--listen-metrics-urls off``."""
+        """False when ``--listen-metrics-urls off``, and on a node of several workers
+        (``--workers``), which serves no metrics yet (explicit URLs are refused there)."""
+        if self.workers > 1:
+            return False
         return [u.strip().lower() for u in self.listen_metrics_urls] != ["off"]
 
     def metrics_urls(self) -> list[str]:
@@ -419,6 +426,32 @@ class Config:
         return math.ceil(self.max_clock_drift / self.heartbeat_interval)
 
     # -- validation ----------------------------------------------------------
+
+    def _workers_problems(self) -> list[str]:
+        """What a node of several workers (``--workers N > 1``) refuses: the settings it
+        cannot honour yet (docs/workers.md, "Status"), each named."""
+        out: list[str] = []
+        if not 1 <= self.workers <= 64:
+            return [f"workers {self.workers}: must be 1..64"]
+        if self.workers > self.shards:
+            out.append(f"workers {self.workers}: needs at least as many shards (--shards is "
+                       f"{self.shards})")
+        why = f"--workers {self.workers} does not support"
+        if self.joining:
+            out.append(f"{why} joining a running cluster (--initial-cluster-state existing) yet")
+        if any(u.strip().lower() != "off" for u in self.listen_metrics_urls):
+            out.append(f"{why} --listen-metrics-urls yet (no /metrics or health endpoints "
+                       f"through the supervisor): leave it out or pass 'off'")
+        tls = [f for f in ("cert_file", "key_file", "trusted_ca_file", "peer_cert_file",
+                           "peer_key_file", "peer_trusted_ca_file") if getattr(self, f)]
+        tls += [f for f in ("client_cert_auth", "peer_client_cert_auth") if getattr(self, f)]
+        if tls:
+            out.append(f"{why} TLS yet (--{tls[0].replace('_', '-')})")
+        for url in (*self.listen_client_urls, *self.listen_peer_urls):
+            if url_scheme(url) == "https":
+                out.append(f"{why} TLS yet ({url})")
+                break
+        return out
 
     def validate(self) -> None:
         """Raise ``ConfigError`` listing every problem; returns quietly if all is well."""
@@ -475,6 +508,8 @@ class Config:
             p(f"election-timeout {self.election_timeout} ms: at most 50000")
         if not 1 <= self.shards <= MAX_SHARDS:
             p(f"shards {self.shards}: must be 1..{MAX_SHARDS}")
+        if self.workers != 1:
+            problems.extend(self._workers_problems())
         if self.quota_backend_bytes <= 0:
             p(f"quota-backend-bytes {self.quota_backend_bytes}: must be > 0")
         if not 1 <= self.max_request_bytes <= max(1, self.quota_backend_bytes):

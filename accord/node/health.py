@@ -87,9 +87,13 @@ class Verdict:
 class HealthChecks:
     """The checks behind every health endpoint of one node."""
 
-    def __init__(self, node: HealthNode, *, read_timeout: float = READ_TIMEOUT) -> None:
+    def __init__(self, node: HealthNode, *, read_timeout: float = READ_TIMEOUT,
+                 read: Callable[[rpc_pb2.RangeRequest], Awaitable[object]] | None = None) -> None:
         self._node = node
         self._timeout = read_timeout
+        self._range = read or node.backend.range
+        """How the health key is read: the backend's range, or, in a worker of a node of
+        several, the router's (the key's shard may be another worker's)."""
         self.stopping = False
         """Set when the node shuts down: every check fails from then on."""
         self._checks: dict[str, Callable[[], Awaitable[None]]] = {
@@ -147,7 +151,7 @@ class HealthChecks:
                                    serializable=serializable)
         try:
             async with asyncio.timeout(self._timeout):
-                await self._node.backend.range(req)
+                await self._range(req)
         except TimeoutError:
             raise CheckFailed("context deadline exceeded") from None
         except EtcdError as e:

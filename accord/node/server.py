@@ -51,18 +51,24 @@ import grpc
 
 from accord.locks.recipe import holder as lock_holder
 from accord.locks.store import BackendLockStore
-from accord.node import logs
+from accord.node import logs, metacopy
 from accord.node.auth import auth_guard, auth_machine
 from accord.node.backend import KV_GROUP, ReplicatedBackend, kv_group
 from accord.node.config import Config, ConfigError, load_config
+from accord.node.forward import ForwardClient, ForwardServer
 from accord.node.grpc_server import ETCD_SERVICES, AccordGrpcServer, ServerOptions, build_server
 from accord.node.grpcmetrics import GrpcCollector, GrpcMetricsInterceptor
 from accord.node.health import HealthChecks, HealthMonitor
 from accord.node.httpserve import MetricsServer, following
 from accord.node.members import META_GROUP, MemberChanges, add_debug_service
+from accord.node.metacopy import MetaCopy, MetaFeed
 from accord.node.metrics import NodeMetrics
 from accord.node.peerprobe import PeerProber, tls_credentials
+from accord.node.placement import WORKERS_FILE, PlacementError, WorkerPlan, check_workers
+from accord.node.supervisor import Supervisor
 from accord.node.tls import ReloadingTLS, client_files, peer_files
+from accord.node.workers import WorkerRouter
+from accord.proto import rpc_pb2
 from accord.raft.core.types import Role
 from accord.raft.host.balance import plan_moves
 from accord.raft.host.multiraft import GroupUnavailable, HostConfig, MultiRaftHost
@@ -80,6 +86,7 @@ from accord.services.kv.clockguard import CLOCK_FAILPOINT_ENV, ClockGuard, failp
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
 from accord.services.kv.revorder import ORDER_GATE
+from accord.services.kv.sharding import shards_of_range
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
 from accord.services.kv.xcommands import XLEASE_GATE, XTXN_GATE
 from accord.services.kv.xcoord import FAILPOINT_ENV
@@ -95,6 +102,8 @@ LEASE_CHECKPOINT_INTERVAL = 5.0
 LEASE_REAP_INTERVAL = 5.0
 """Seconds between two looks for lease ids left on a shard by an interrupted revocation."""
 """Seconds between two looks at how leaderships are spread over the nodes."""
+META_SYNC_S = 10.0
+"""Seconds a worker > 0 waits at start for its first meta state from worker 0."""
 PROGRESS_NOTIFY_INTERVAL = 600.0
 """etcd's default watch progress-notify interval."""
 
@@ -117,9 +126,15 @@ class _KVMachine:
 class Node:
     """One accord node (see the module docstring)."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, worker: int = 0) -> None:
         self.config = config.resolved()
-        self.data_dir = Path(self.config.data_dir)
+        self.worker = worker
+        """This process's worker index in a node of several (``--workers``; 0 alone)."""
+        self.plan = (WorkerPlan(self.config.workers, self.config.shards)
+                     if self.config.workers > 1 else None)
+        """The split of the groups over the node's workers; None for a node of one."""
+        base = Path(self.config.data_dir)
+        self.data_dir = base if self.plan is None else self.plan.data_dir(base, worker)
         recorded = _read_member_file(self.data_dir)
         if recorded is not None:
             self.member_id, self.joined = recorded
@@ -137,6 +152,25 @@ class Node:
         """The metrics listener (``--listen-metrics-urls``), once started."""
         self._health: HealthMonitor | None = None
         self._prober: PeerProber | None = None
+        self.router: WorkerRouter | None = None
+        """How calls are routed between the workers (a node of several only)."""
+        self._forward_server: ForwardServer | None = None
+        self._forward_clients: dict[int, ForwardClient] = {}
+        self.meta_copy: MetaCopy | None = None
+        """The meta state fed by worker 0 (workers > 0 only)."""
+
+    @property
+    def hosted_shards(self) -> list[int]:
+        """The KV shards this process hosts: all of them, or its worker's."""
+        if self.plan is None:
+            return list(range(self.config.shards))
+        return self.plan.shards_of(self.worker)
+
+    @property
+    def home_group(self) -> int:
+        """The KV group whose Raft facts stand for this process (shard 0's, or a worker's
+        first shard's)."""
+        return kv_group(self.hosted_shards[0])
 
     async def start(self) -> None:
         """Open storage, join the peers, start the groups and serve clients."""
@@ -154,8 +188,10 @@ class Node:
         self.wal = wal
         snapshots = SnapshotStore(self.data_dir / "snap")
         host_ip, peer_port = cfg.peer_listen_address()
+        if self.plan is not None:
+            peer_port = self.plan.peer_port(peer_port, self.worker)
         self.transport = PeerTransport(
-            self.member_id, host_ip, peer_port, cluster_id=cfg.cluster_id,
+            self.member_id, host_ip, peer_port, cluster_id=cfg.cluster_id, worker=self.worker,
             on_messages=self._deliver, on_snapshot_chunk=self._snapshot_chunk,
             on_heartbeats=self._heartbeats,
             tls=None if self.peer_tls is None else PeerTLS(
@@ -180,6 +216,13 @@ class Node:
         else:
             voters = sorted(ids.values())
             self.cluster = initial_table(cfg, self.shards)
+        if self.plan is not None and self.worker != 0:
+            # Worker 0 feeds this copy of the meta state (metacopy.py); it starts as the
+            # bootstrap table, as worker 0's machine did (joining is refused with workers).
+            self._forward_clients = {
+                k: ForwardClient(self.plan.forward_socket(Path(cfg.data_dir), k))
+                for k in range(self.plan.workers) if k != self.worker}
+            self.meta_copy = MetaCopy(self.cluster, self._forward_clients[0])
         self.members = MemberChanges(self)
         limits = Limits(max_request_bytes=cfg.max_request_bytes, max_txn_ops=cfg.max_txn_ops)
         self.machines = [
@@ -187,17 +230,26 @@ class Node:
             for i in range(self.shards)
         ]
         self.kv = self.machines[0]
-        self.host.add_group(META_GROUP, self.cluster, recovered.get(META_GROUP), voters=voters)
-        for i, sm in enumerate(self.machines):
+        home = self.worker == 0  # the node-wide groups live in worker 0
+        self.meta_feed: MetaFeed | None = None
+        if home:
+            meta: Any = self.cluster
+            if self.plan is not None:
+                self.meta_feed = meta = MetaFeed(self.cluster,
+                                                 lambda: self.host.group(META_GROUP).applied)
+            self.host.add_group(META_GROUP, meta, recovered.get(META_GROUP), voters=voters)
+        for i in self.hosted_shards:
             gid = kv_group(i)
-            self.host.add_group(gid, _KVMachine(sm), recovered.get(gid), voters=voters)
-        self.scheduling = SchedulerShard.on_host(self.host, self.member_id)
-        self.host.add_group(SCHEDULING_GROUP, self.scheduling, recovered.get(SCHEDULING_GROUP),
-                            voters=voters)
-        self.checkpoints = CheckpointGroup.on_host(self.host, self.member_id,
-                                                   holder=self._checkpoint_lock_holder)
-        self.host.add_group(CHECKPOINT_GROUP, self.checkpoints, recovered.get(CHECKPOINT_GROUP),
-                            voters=voters)
+            self.host.add_group(gid, _KVMachine(self.machines[i]), recovered.get(gid),
+                                voters=voters)
+        if home:
+            self.scheduling = SchedulerShard.on_host(self.host, self.member_id)
+            self.host.add_group(SCHEDULING_GROUP, self.scheduling,
+                                recovered.get(SCHEDULING_GROUP), voters=voters)
+            self.checkpoints = CheckpointGroup.on_host(self.host, self.member_id,
+                                                       holder=self._checkpoint_lock_holder)
+            self.host.add_group(CHECKPOINT_GROUP, self.checkpoints,
+                                recovered.get(CHECKPOINT_GROUP), voters=voters)
         self.metrics.watch_groups(self.host)  # before the first election
         peers = cfg.peer_candidates() if self.joined else cfg.peer_addresses()
         for nid, addr in peers.items():
@@ -205,13 +257,16 @@ class Node:
         self.cluster.listeners.append(self.members.sync_peers)
         await self.transport.start()
         await self.host.start()
-        self.backend = ReplicatedBackend(self, self.machines)
+        self.backend = ReplicatedBackend(
+            self, self.machines, local=None if self.plan is None else self.hosted_shards,
+            worker=self.worker)
         self.clock = ClockGuard(cfg.max_clock_offset, cluster_size=lambda: len(self.cluster.members),
                                 wall_ns=failpoint_clock(os.environ.get(CLOCK_FAILPOINT_ENV, "")))
         self.backend.set_clock_drift(cfg.max_clock_offset, self.clock)
         self.backend.xcoord.set_failpoint(os.environ.get(FAILPOINT_ENV, ""))
         calls = GrpcMetricsInterceptor()
-        self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes),
+        self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes,
+                                                             share_port=self.plan is not None),
                                  outer_interceptors=[calls],
                                  auth=auth_guard(cfg, self.cluster, self.host),
                                  clock_us=self.clock.wall_us)
@@ -220,22 +275,36 @@ class Node:
                      if self.client_tls is not None and cfg.client_url_is_tls(url) else None)
             self.client_ports.append(self.grpc.add_port(f"{h}:{p}", creds))
         versions = self.grpc.client_api_versions
-        self.metrics.attach(self, GrpcCollector(calls, lambda: dict(versions)))
-        checks = HealthChecks(self)
+        if self.plan is None:  # a node of several workers serves no metrics yet
+            self.metrics.attach(self, GrpcCollector(calls, lambda: dict(versions)))
+        checks = HealthChecks(self, read=None if self.plan is None else self._routed_read)
         if cfg.metrics_enabled:
             self.http = MetricsServer(self.metrics, checks)
             await self.http.start([
                 (h, p, self._metrics_tls() if cfg.metrics_url_is_tls(url) else None)
                 for url, (h, p) in zip(cfg.metrics_urls(), cfg.metrics_listen_addresses(),
                                        strict=True)])
-        add_scheduler_service(self.grpc.server, self.scheduling)
-        add_checkpoints_service(self.grpc.server, self.checkpoints)
-        add_debug_service(self.grpc.server, self)
-        from accord.membership.servicer import add_membership_service
-        from accord.node.gossip import node_membership
-        self.membership = node_membership(cfg, self.member_id, scheduler=self.scheduling)
-        add_membership_service(self.grpc.server, self.membership)
-        await self.membership.start()  # SWIM (off with --gossip-listen off)
+        if home:
+            add_scheduler_service(self.grpc.server, self.scheduling)
+            add_checkpoints_service(self.grpc.server, self.checkpoints)
+            add_debug_service(self.grpc.server, self)
+            from accord.membership.servicer import add_membership_service
+            from accord.node.gossip import node_membership
+            self.membership = node_membership(cfg, self.member_id, scheduler=self.scheduling)
+            add_membership_service(self.grpc.server, self.membership)
+            await self.membership.start()  # SWIM (off with --gossip-listen off)
+        if self.plan is not None:
+            await self._start_forwarding(self.plan)
+        if self.meta_copy is not None:
+            # Serve with worker 0's table, not the bootstrap one (a worker 0 that does not
+            # answer soon is waited for no longer: the copy catches up as it can).
+            self._tasks.append(asyncio.create_task(self.meta_copy.run(), name="meta-copy"))
+            try:
+                async with asyncio.timeout(META_SYNC_S):
+                    await self.meta_copy.wait_applied(1)
+            except TimeoutError:
+                log.warning("worker %d: no meta state from worker 0 within %.0fs; serving "
+                            "with the bootstrap table until it comes", self.worker, META_SYNC_S)
         await self.grpc.start()
         self._health = HealthMonitor(checks, self.grpc, ("", *(f"etcdserverpb.{s}" for s in ETCD_SERVICES)))
         await self._health.start()
@@ -243,10 +312,15 @@ class Node:
         if cfg.cert_file and cfg.key_file:
             def probe_tls() -> grpc.ChannelCredentials:
                 return tls_credentials(cfg.trusted_ca_file, cfg.cert_file, cfg.key_file)
+        # Every worker probes the peers: its own clock guard needs their clocks.
         self._prober = PeerProber(self.member_id, lambda: self.cluster.members,
                                   self.metrics.peer_rtt, self.metrics.peer_probe_failures,
                                   tls=probe_tls, clock=self.clock)
         self._prober.start()
+        if not home:
+            if cfg.leader_balance_interval > 0:
+                self._tasks.append(asyncio.create_task(self._balance_loop(), name="leader-balance"))
+            return
         self._tasks = [
             asyncio.create_task(self._publish(), name="publish-member"),
             asyncio.create_task(self._advertise(), name="advertise-version"),
@@ -258,6 +332,28 @@ class Node:
             self._tasks.append(asyncio.create_task(self._balance_loop(), name="leader-balance"))
         self._tasks.append(self.scheduling.start())
         self._tasks.append(self.checkpoints.start())
+
+    async def _routed_read(self, req: rpc_pb2.RangeRequest) -> object:
+        """A health read in a worker: the health key read from its shard's owner."""
+        assert self.router is not None and self.plan is not None
+        return await self.router.range_across(
+            req, shards_of_range(req.key, req.range_end, self.plan.shards))
+
+    async def _start_forwarding(self, plan: WorkerPlan) -> None:
+        """A worker's part in a node of several: route the client calls
+        (``workers.py``) and serve the other workers on this worker's socket."""
+        assert self.grpc is not None
+        base = Path(self.config.data_dir)
+        if not self._forward_clients:
+            self._forward_clients = {k: ForwardClient(plan.forward_socket(base, k))
+                                     for k in range(plan.workers) if k != self.worker}
+        self.router = WorkerRouter(plan, self.worker, self.backend, self._forward_clients)
+        served = self.router.install(self.grpc.methods.handlers)
+        self.grpc.methods.fallback = self.router.fallback
+        if self.meta_feed is not None:
+            served[metacopy.METHOD] = self.meta_feed.serve
+        self._forward_server = ForwardServer(plan.forward_socket(base, self.worker), served)
+        await self._forward_server.start()
 
     async def _checkpoint_lock_holder(self, job: str) -> int | None:
         """The fencing token of the holder of ``job``'s coordinator lock now (linearizable)."""
@@ -415,6 +511,10 @@ class Node:
         if self.grpc is not None:
             with contextlib.suppress(Exception):
                 await self.grpc.stop(0.5)
+        if self._forward_server is not None:
+            await self._forward_server.stop()
+        for client in self._forward_clients.values():
+            await client.close()
         if getattr(self, "backend", None) is not None:
             await self.backend.xcoord.close()
         if self.http is not None:
@@ -429,7 +529,7 @@ class Node:
 
     async def _transfer_leaderships(self) -> None:
         led = [gid for gid, g in self.host.groups.items() if g.core.role == Role.LEADER]
-        peers = [n for n in self.host.group(KV_GROUP).core.conf_state.voters
+        peers = [n for n in self.host.group(self.home_group).core.conf_state.voters
                  if n != self.member_id and self.transport.connected(n)]
         if not led or not peers:
             return  # nobody to hand over to (the last member, or the others down): no wait
@@ -548,9 +648,11 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def serve(config: Config, log_context: logs.LogContext | None = None) -> int:
-    """Run a node until SIGTERM/SIGINT or a fatal storage error."""
-    node = Node(config)
+async def serve(config: Config, log_context: logs.LogContext | None = None,
+                worker: int = 0) -> int:
+    """Run a node (or worker ``worker`` of one) until SIGTERM/SIGINT or a fatal storage
+    error."""
+    node = Node(config, worker)
     if log_context is not None:
         log_context.set_node(node.config.name, node.member_id)
     await node.start()
@@ -559,11 +661,18 @@ async def serve(config: Config, log_context: logs.LogContext | None = None) -> i
     metrics = ""
     if node.http is not None:
         metrics = "; metrics on " + ", ".join(f"{u.rstrip('/')}/metrics" for u in cfg.metrics_urls())
-    print(f"accord node {cfg.name} (id {node.member_id:x}) serving clients on "
+    which = f" worker {worker} of {cfg.workers}" if cfg.workers > 1 else ""
+    print(f"accord node {cfg.name}{which} (id {node.member_id:x}) serving clients on "
           + ", ".join(cfg.advertise_client_urls) + metrics, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    if cfg.workers > 1:
+        # A worker stops when its supervisor says so (SIGTERM); a Ctrl-C reaches the
+        # whole process group, and a worker leaving on it first would look like a crash.
+        stops: tuple[signal.Signals, ...] = (signal.SIGTERM,)
+    else:
+        stops = (signal.SIGINT, signal.SIGTERM)
+    for sig in stops:
         loop.add_signal_handler(sig, stop.set)
     fatal = asyncio.create_task(node.host.wait_fatal())
     stopper = asyncio.create_task(stop.wait())
@@ -584,13 +693,97 @@ async def serve(config: Config, log_context: logs.LogContext | None = None) -> i
     return 0
 
 
+WORKER_ENV = "ACCORD_WORKER_INDEX"
+"""Set by the supervisor in each worker's environment (``supervisor.py``)."""
+SUPERVISOR_ENV = "ACCORD_SUPERVISOR_PID"
+"""The supervisor's pid, in each worker's environment: a worker whose supervisor is gone
+stops at once (and the kernel kills it when the supervisor dies later)."""
+
+
+def check_layout(config: Config) -> WorkerPlan | None:
+    """Before a node starts: its worker layout (``placement.py``), checked, and the worker
+    count recorded in (or checked against) its data directory; None for one worker.
+    Raises ``ConfigError``."""
+    base = Path(config.resolved().data_dir)
+    try:
+        if config.workers == 1:
+            if (base / WORKERS_FILE).exists():
+                check_workers(base, 1)
+            return None
+        plan = WorkerPlan(config.workers, config.shards)
+        _host, port = config.resolved().peer_listen_address()
+        plan.peer_port(port, config.workers - 1)
+        for k in range(config.workers):
+            plan.forward_socket(base, k)
+        make_dir_durably(base)
+        check_workers(base, config.workers)
+        return plan
+    except PlacementError as e:
+        raise ConfigError(str(e)) from None
+
+
+async def supervise(config: Config, argv: Sequence[str]) -> int:
+    """``accord serve --workers N``: run the node's N workers (each ``accord serve`` with
+    the same arguments and its index in ``ACCORD_WORKER_INDEX``), restart one that dies,
+    stop them all on SIGTERM/SIGINT."""
+    cfg = config.resolved()
+    cmd = [sys.executable, "-m", "accord", "serve", *argv]
+    sup = Supervisor([cmd] * cfg.workers, env={SUPERVISOR_ENV: str(os.getpid())})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await sup.start()
+    print(f"accord node {cfg.name}: supervising {cfg.workers} workers (pids "
+          + ", ".join(str(w.pid) for w in sup.workers) + ")", flush=True)
+    stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    failed: asyncio.Future[Any] = sup.failed
+    try:
+        await asyncio.wait({stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        await sup.stop()
+    if sup.failed.done():
+        print(f"accord serve: {sup.failed.result()}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _die_with_supervisor(supervisor_pid: int) -> None:
+    """Ask the kernel to kill this worker when its supervisor dies (Linux), and stop now
+    if it already has (a kill -9 of the supervisor must not leave workers serving)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != supervisor_pid:
+        raise SystemExit(1)
+
+
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``accord serve``."""
     try:
         config = load_config(argv, os.environ)
+        worker_env = os.environ.get(WORKER_ENV)
+        if worker_env is None:
+            plan = check_layout(config)
+        elif config.workers > 1 and worker_env.isdigit() and int(worker_env) < config.workers:
+            plan = WorkerPlan(config.workers, config.shards)
+        else:
+            raise ConfigError(f"{WORKER_ENV}={worker_env!r} names no worker of --workers "
+                              f"{config.workers}")
     except ConfigError as e:
         print(f"accord serve: {e}", file=sys.stderr)
         return 2
+    if plan is not None and worker_env is None:
+        logs.configure(config.log_format or logs.default_format(sys.stderr), config.log_level)
+        return int(asyncio.run(supervise(config, argv)))
+    worker = 0
+    if worker_env is not None:
+        worker = int(worker_env)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor stops it (SIGTERM)
+        _die_with_supervisor(int(os.environ.get(SUPERVISOR_ENV, "0")))
     ctx = logs.configure(config.log_format or logs.default_format(sys.stderr), config.log_level)
     ctx.redact(_secrets(config))
     try:
@@ -600,7 +793,7 @@ def main(argv: Sequence[str]) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         runner = asyncio.run
     try:
-        return int(runner(serve(config, ctx)))
+        return int(runner(serve(config, ctx, worker)))
     except ConfigError as e:
         print(f"accord serve: {e}", file=sys.stderr)
         return 2

@@ -17,10 +17,11 @@ so that each etcd method is, on every worker alike:
   intents would span the workers' coordinators;
 * **on worker 0** (the member list, ``Status``, alarms, defragment, auth but its
   ``AuthEnable``): the meta group's calls, forwarded there from the other workers;
-* **local** (reflection): each worker answers for itself;
+* **local** (reflection, gRPC health): each worker answers for itself (its health: its
+  groups have leaders and the health key reads through its owner; its answers carry the
+  node's clock for the peers' clock guards);
 * **refused** (everything else: watches, leases, compaction, member changes, hashes,
-  snapshots, leader moves, enabling auth, locks and elections, gRPC health, accord's own
-  services):
+  snapshots, leader moves, enabling auth, locks and elections, accord's own services):
   UNIMPLEMENTED with a message naming ``--workers``, never a partial answer from one
   worker's shards.
 
@@ -66,7 +67,7 @@ ON_WORKER_0 = {
         "UserDelete", "UserChangePassword", "UserGrantRole", "UserRevokeRole", "RoleAdd",
         "RoleGet", "RoleList", "RoleDelete", "RoleGrantPermission", "RoleRevokePermission")),
 }
-LOCAL_PREFIXES = ("/grpc.reflection.",)
+LOCAL_PREFIXES = ("/grpc.reflection.", "/grpc.health.v1.Health/")
 
 
 def refusal(method: str, workers: int) -> str:

@@ -66,6 +66,37 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def free_port_blocks(count: int, size: int, avoid: Sequence[int] = ()) -> list[int]:
+    """``count`` base ports ``b``, each with ``b .. b + size - 1`` free a moment ago, the
+    blocks apart from each other and from ``avoid`` (the peer ports of nodes of ``size``
+    workers: worker ``k`` listens on ``b + k``)."""
+    taken = set(avoid)
+    held: list[socket.socket] = []
+    bases: list[int] = []
+    try:
+        while len(bases) < count:
+            s = socket.socket()
+            s.bind((HOST, 0))
+            held.append(s)
+            base = int(s.getsockname()[1])
+            block = range(base, base + size)
+            if base + size > 65536 or taken.intersection(block):
+                continue
+            try:
+                for p in block[1:]:
+                    t = socket.socket()
+                    held.append(t)
+                    t.bind((HOST, p))
+            except OSError:
+                continue
+            taken.update(block)
+            bases.append(base)
+        return bases
+    finally:
+        for s in held:
+            s.close()
+
+
 @dataclass
 class TestNode:
     """One member: its name, where clients reach it, and the running node (None: down)."""

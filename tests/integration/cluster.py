@@ -27,7 +27,7 @@ import grpc
 from accord.client.tls import TLSOptions, sync_channel
 from accord.node.certs import CertFiles, CertificateAuthority, make_cluster_pki
 from accord.proto import rpc_pb2, rpc_pb2_grpc
-from accord.testing import HOST, free_ports
+from accord.testing import HOST, free_port_blocks, free_ports
 
 
 @dataclass
@@ -123,8 +123,14 @@ class ProcCluster:
 
     def __init__(self, root: Path, n: int = 3, *, heartbeat_ms: int = 50,
                  election_ms: int = 500, extra: tuple[str, ...] = (),
-                 tls: ClusterTLS | None = None) -> None:
+                 tls: ClusterTLS | None = None, workers: int = 1) -> None:
         ports = free_ports(4 * n)
+        if workers > 1:
+            # Worker k of a node listens on its peer port + k: a free block per node.
+            peers = free_port_blocks(n, workers, avoid=ports)
+            ports[1:2 * n:2] = peers
+        self.workers = workers
+        """``--workers`` of every member (docs/workers.md; 1: one process per node)."""
         self.tls = tls
         client_tls = tls.client_options if tls is not None else None
         self.nodes = [
@@ -172,7 +178,8 @@ class ProcCluster:
             "--gossip-listen", f"{HOST}:{node.gossip_port}",
             "--gossip-seeds", ",".join(f"{HOST}:{x.gossip_port}" for x in self.nodes if x is not node),
             *(self.tls.serve_flags(node.name) if self.tls is not None else ()),
-            "--listen-metrics-urls", f"http://{HOST}:{node.metrics_port}",
+            *(("--listen-metrics-urls", f"http://{HOST}:{node.metrics_port}")
+              if self.workers == 1 else ("--workers", str(self.workers))),
             *self.extra,
         ]
         log = open(node.log_path, "ab")
@@ -218,6 +225,7 @@ class ProcCluster:
                              f"last answers: {last}\n{logs}")
 
     def wait_serving(self, node: ProcNode, timeout: float = 30.0) -> None:
+        timeout *= self.workers  # as many processes to start on the same cores
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert node.proc is not None
@@ -228,6 +236,24 @@ class ProcCluster:
                 return
             time.sleep(0.05)
         raise AssertionError(f"{node.name} did not serve within {timeout}s; log:\n{self.log(node)}")
+
+    def worker_pids(self, node: ProcNode) -> dict[int, int]:
+        """Worker index -> pid of ``node``'s live worker processes (``--workers`` > 1):
+        the supervisor's children, by the index in their environment."""
+        assert node.proc is not None
+        out: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) != node.proc.pid:
+                    continue
+                env = (entry / "environ").read_bytes().split(b"\0")
+                for var in env:
+                    if var.startswith(b"ACCORD_WORKER_INDEX="):
+                        out[int(var.split(b"=", 1)[1])] = int(entry.name)
+        return out
 
     def log(self, node: ProcNode) -> str:
         try:

@@ -187,3 +187,32 @@ def test_resolved_does_not_share_lists() -> None:
     r = c.resolved()
     r.listen_client_urls.append("http://127.0.0.1:1")
     assert c.listen_client_urls == ["http://127.0.0.1:2379"]
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--workers", "0"], "workers 0: must be 1..64"),
+    (["--workers", "65"], "workers 65: must be 1..64"),
+    (["--workers", "4", "--shards", "2"], "workers 4: needs at least as many shards"),
+    (["--workers", "2", "--initial-cluster-state", "existing"],
+     "--workers 2 does not support joining a running cluster"),
+    (["--workers", "2", "--listen-metrics-urls", "http://127.0.0.1:9000"],
+     "--workers 2 does not support --listen-metrics-urls"),
+    (["--workers", "2", "--cert-file", "c.pem", "--key-file", "k.pem"],
+     r"--workers 2 does not support TLS yet \(--cert-file\)"),
+    (["--workers", "2", "--peer-client-cert-auth"], r"does not support TLS yet \(--peer-client-cert-auth\)"),
+    (["--workers", "2", "--listen-client-urls", "https://127.0.0.1:2379"],
+     r"does not support TLS yet \(https://127.0.0.1:2379\)"),
+])
+def test_what_several_workers_refuse_at_startup(argv: list[str], why: str) -> None:
+    """docs/workers.md, "Status": a setting the workers cannot honour stops the node
+    before it starts, naming it (never accepted and ignored)."""
+    with pytest.raises(ConfigError, match=why):
+        load_config(argv, {})
+
+
+def test_several_workers_serve_no_metrics_and_one_worker_is_unchanged() -> None:
+    two = load_config(["--workers", "2"], {})
+    assert two.workers == 2 and not two.metrics_enabled and two.metrics_urls() == []
+    assert load_config(["--workers", "2", "--listen-metrics-urls", "off"], {}).workers == 2
+    one = load_config([], {})
+    assert one.workers == 1 and one.metrics_enabled and one.metrics_urls()

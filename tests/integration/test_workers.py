@@ -1,0 +1,305 @@
+"""A real 3-node cluster of `accord serve --workers 2` daemons (docs/workers.md).
+
+What a user relies on: every endpoint serves put, get, delete and single-shard Txns
+for keys of either worker's shards (the call forwarded inside the node when it lands
+on the other worker), ranges over every shard are one snapshot, a kill -9 of one worker
+process is repaired by the node's supervisor while the cluster keeps serving, and what
+the workers cannot do yet is refused with an error that names ``--workers``, changing
+nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from accord.node.grpc_server import CLOCK_METADATA
+from accord.node.placement import WorkerPlan
+from accord.proto import rpc_pb2 as pb
+from accord.proto import rpc_pb2_grpc
+from accord.services.kv.sharding import shard_of
+from tests.integration.cluster import ProcCluster, ProcNode
+
+SHARDS = 4
+WORKERS = 2
+PLAN = WorkerPlan(WORKERS, SHARDS)
+RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
+    with ProcCluster(tmp_path_factory.mktemp("workers"), 3, workers=WORKERS,
+                     extra=("--shards", str(SHARDS))) as c:
+        yield c
+
+
+def keys_of_worker(worker: int, prefix: str, n: int) -> list[bytes]:
+    """``n`` plain keys whose shards live in ``worker``."""
+    out: list[bytes] = []
+    i = 0
+    while len(out) < n:
+        key = f"{prefix}{i}".encode()
+        if PLAN.worker_of_shard(shard_of(key, SHARDS)) == worker:
+            out.append(key)
+        i += 1
+    return out
+
+
+def fresh_kv(node: ProcNode) -> rpc_pb2_grpc.KVStub:
+    """A KV stub on a new connection: the kernel may give it to either worker."""
+    node.close_channel()
+    return node.kv()
+
+
+def retry(call: object, *args: object, attempts: int = 100) -> object:
+    for _ in range(attempts):
+        try:
+            return call(*args, timeout=5)  # type: ignore[operator]
+        except grpc.RpcError as e:
+            if e.code() not in RETRY:
+                raise
+            time.sleep(0.1)
+    raise AssertionError("cluster unavailable")
+
+
+def test_worker_1_follows_worker_0s_meta_state(cluster: ProcCluster) -> None:
+    """Once every member advertised the newest command format (worker 0's meta group),
+    worker 1's writes too carry the clock-sized stamps of the one revision order: its
+    copy of the meta state (metacopy.py) opened the same gate."""
+    kv = fresh_kv(cluster.nodes[0])
+    for w in range(WORKERS):
+        key = keys_of_worker(w, "/gate/k", 1)[0]
+        deadline = time.monotonic() + 30
+        while True:
+            rev = int(retry(kv.Put, pb.PutRequest(key=key, value=b"v")).header.revision)  # type: ignore[attr-defined]
+            if rev > 10**12:
+                break
+            assert time.monotonic() < deadline, f"worker {w}'s writes stay unordered ({rev})"
+            time.sleep(0.2)
+
+
+def test_every_endpoint_serves_both_workers_keys(cluster: ProcCluster) -> None:
+    keys = {w: keys_of_worker(w, f"/ep/k{w}-", 3) for w in range(WORKERS)}
+    written: dict[bytes, bytes] = {}
+    for node in cluster.nodes:
+        for _ in range(3):  # new connections, so that both workers of the node take some
+            kv = fresh_kv(node)
+            for w in range(WORKERS):
+                for key in keys[w]:
+                    value = f"{node.name}:{w}".encode()
+                    resp = retry(kv.Put, pb.PutRequest(key=key, value=value, prev_kv=True))
+                    assert resp.header.revision > 0  # type: ignore[attr-defined]
+                    written[key] = value
+            for key, value in written.items():
+                got = retry(kv.Range, pb.RangeRequest(key=key))
+                assert [(x.key, x.value) for x in got.kvs] == [(key, value)]  # type: ignore[attr-defined]
+    # Deletes and single-shard Txns, through each endpoint, on both workers' shards.
+    for i, node in enumerate(cluster.nodes):
+        kv = fresh_kv(node)
+        for w in range(WORKERS):
+            key = keys[w][i]
+            txn = pb.TxnRequest(
+                compare=[pb.Compare(key=key, target=pb.Compare.VALUE,
+                                    result=pb.Compare.EQUAL, value=written[key])],
+                success=[pb.RequestOp(request_put=pb.PutRequest(key=key, value=b"txn"))],
+                failure=[pb.RequestOp(request_range=pb.RangeRequest(key=key))])
+            assert retry(kv.Txn, txn).succeeded  # type: ignore[attr-defined]
+            assert not retry(kv.Txn, txn).succeeded  # type: ignore[attr-defined]
+            written[key] = b"txn"
+        gone = keys[i % WORKERS][i // WORKERS]  # one key of each worker's, over the nodes
+        deleted = retry(kv.DeleteRange, pb.DeleteRangeRequest(key=gone))
+        assert deleted.deleted == 1  # type: ignore[attr-defined]
+        del written[gone]
+    for node in cluster.nodes:
+        kv = fresh_kv(node)
+        got = retry(kv.Range, pb.RangeRequest(key=b"/ep/", range_end=b"/ep0"))
+        assert {x.key: x.value for x in got.kvs} == written  # type: ignore[attr-defined]
+
+
+def test_ranges_over_every_shard_are_one_snapshot(cluster: ProcCluster) -> None:
+    keys = keys_of_worker(0, "r", 4) + keys_of_worker(1, "r", 4)
+    assert {PLAN.worker_of_shard(shard_of(k, SHARDS)) for k in keys} == {0, 1}
+    kv0 = fresh_kv(cluster.nodes[0])
+    revs = {k: int(retry(kv0.Put, pb.PutRequest(key=k, value=b"1")).header.revision)  # type: ignore[attr-defined]
+            for k in keys}
+    for node in cluster.nodes:
+        for _ in range(2):
+            kv = fresh_kv(node)
+            every = retry(kv.Range, pb.RangeRequest(key=b"r", range_end=b"s"))
+            assert [x.key for x in every.kvs] == sorted(keys)  # type: ignore[attr-defined]
+            rev = int(every.header.revision)  # type: ignore[attr-defined]
+            assert rev >= max(revs.values())
+            count = retry(kv.Range, pb.RangeRequest(key=b"r", range_end=b"s", count_only=True))
+            assert count.count == len(keys)  # type: ignore[attr-defined]
+            top2 = retry(kv.Range, pb.RangeRequest(key=b"r", range_end=b"s", limit=2,
+                                                   sort_order=pb.RangeRequest.DESCEND))
+            assert [x.key for x in top2.kvs] == sorted(keys)[::-1][:2]  # type: ignore[attr-defined]
+            assert top2.more and top2.count == len(keys)  # type: ignore[attr-defined]
+            ser = retry(kv.Range, pb.RangeRequest(key=b"r", range_end=b"s", serializable=True))
+            assert len(ser.kvs) <= len(keys)  # type: ignore[attr-defined]
+    # At a revision: the keys written up to it, whichever worker holds them, and a
+    # single-shard read at a revision another shard made (readable once floored).
+    ordered = sorted(keys, key=revs.__getitem__)
+    mid = revs[ordered[3]]
+    for node in cluster.nodes:
+        kv = fresh_kv(node)
+        at = retry(kv.Range, pb.RangeRequest(key=b"r", range_end=b"s", revision=mid))
+        assert sorted(x.key for x in at.kvs) == sorted(ordered[:4])  # type: ignore[attr-defined]
+        one = retry(kv.Range, pb.RangeRequest(key=ordered[0], revision=mid))
+        assert [x.key for x in one.kvs] == [ordered[0]]  # type: ignore[attr-defined]
+        with pytest.raises(grpc.RpcError) as e:
+            kv.Range(pb.RangeRequest(key=b"r", range_end=b"s", revision=rev + 10**15),
+                     timeout=5)
+        assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE
+
+
+def _refused(call: object, req: object) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as e:
+        call(req, timeout=5)  # type: ignore[operator]
+    return e.value
+
+
+def test_what_the_workers_cannot_do_is_refused_naming_the_flag(cluster: ProcCluster) -> None:
+    a, b = keys_of_worker(0, "/x/", 1)[0], keys_of_worker(1, "/x/", 1)[0]
+    kv0 = fresh_kv(cluster.nodes[0])
+    for k in (a, b):
+        retry(kv0.Put, pb.PutRequest(key=k, value=b"keep"))
+    for node in cluster.nodes:
+        for _ in range(3):  # on fresh connections: the same answer from either worker
+            kv = fresh_kv(node)
+            ch = node.channel()
+            refusals = {
+                "txn": _refused(kv.Txn, pb.TxnRequest(success=[
+                    pb.RequestOp(request_put=pb.PutRequest(key=a, value=b"no")),
+                    pb.RequestOp(request_put=pb.PutRequest(key=b, value=b"no"))])),
+                "delete": _refused(kv.DeleteRange, pb.DeleteRangeRequest(key=b"/x/",
+                                                                          range_end=b"/x0")),
+            }
+            for what, err in refusals.items():
+                assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, what
+                assert "--workers 2" in (err.details() or ""), what
+            unimplemented = {
+                "lease": _refused(rpc_pb2_grpc.LeaseStub(ch).LeaseGrant,
+                                  pb.LeaseGrantRequest(TTL=10)),
+                "compact": _refused(kv.Compact, pb.CompactionRequest(revision=1)),
+                "member add": _refused(rpc_pb2_grpc.ClusterStub(ch).MemberAdd,
+                                       pb.MemberAddRequest(peerURLs=["http://127.0.0.1:1"])),
+                "hash": _refused(rpc_pb2_grpc.MaintenanceStub(ch).HashKV, pb.HashKVRequest()),
+                "auth enable": _refused(rpc_pb2_grpc.AuthStub(ch).AuthEnable,
+                                        pb.AuthEnableRequest()),
+            }
+            watch = rpc_pb2_grpc.WatchStub(ch).Watch(iter([pb.WatchRequest(
+                create_request=pb.WatchCreateRequest(key=a))]), timeout=5)
+            with pytest.raises(grpc.RpcError) as e:
+                next(iter(watch))
+            unimplemented["watch"] = e.value
+            for what, err in unimplemented.items():
+                assert err.code() == grpc.StatusCode.UNIMPLEMENTED, what
+                assert "--workers 2" in (err.details() or ""), what
+            # Each worker answers gRPC health itself, with the node's clock for the peers'
+            # clock guards (its groups have leaders, the health key reads at its owner).
+            health = health_pb2_grpc.HealthStub(ch).Check.with_call(
+                health_pb2.HealthCheckRequest(), timeout=5)
+            assert health[0].status == health_pb2.HealthCheckResponse.SERVING
+            assert any(k == CLOCK_METADATA for k, _v in health[1].initial_metadata())
+            # The node-wide calls are served (by worker 0) from either worker.
+            members = retry(rpc_pb2_grpc.ClusterStub(ch).MemberList, pb.MemberListRequest())
+            assert len(members.members) == 3  # type: ignore[attr-defined]
+            assert retry(rpc_pb2_grpc.MaintenanceStub(ch).Status, pb.StatusRequest()).leader  # type: ignore[attr-defined]
+    kv0 = fresh_kv(cluster.nodes[0])
+    for k in (a, b):
+        got = retry(kv0.Range, pb.RangeRequest(key=k))
+        assert [x.value for x in got.kvs] == [b"keep"]  # type: ignore[attr-defined]
+
+
+def test_a_worker_killed_9_is_restarted_and_the_cluster_keeps_serving(
+        cluster: ProcCluster) -> None:
+    victim = cluster.nodes[1]
+    before = cluster.worker_pids(victim)
+    assert sorted(before) == [0, 1]
+    mine = keys_of_worker(1, "/kill/k", 4)
+    for k in mine:
+        cluster.put(k, b"before")
+    os.kill(before[1], signal.SIGKILL)
+    # The other members serve every key meanwhile (and so the cluster's writes go on).
+    others = [n for n in cluster.nodes if n is not victim]
+    for i, k in enumerate(mine):
+        cluster.put(k, f"during{i}".encode(), via=others)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        now = cluster.worker_pids(victim)
+        if 1 in now and now[1] != before[1]:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"worker 1 was not restarted; log:\n{cluster.log(victim)}")
+    assert now[0] == before[0]  # worker 0 went on serving
+    assert victim.proc is not None and victim.proc.poll() is None
+    # The restarted worker recovers its shards from its own log and catches up.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            kv = fresh_kv(victim)
+            got = {x.key: x.value for x in kv.Range(pb.RangeRequest(
+                key=b"/kill/", range_end=b"/kill0"), timeout=5).kvs}
+            if got == {k: f"during{i}".encode() for i, k in enumerate(mine)}:
+                break
+        except grpc.RpcError as e:
+            if e.code() not in RETRY or time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the restarted worker did not catch up: {got}")
+        time.sleep(0.2)
+    for k in mine:
+        cluster.put(k, b"after", via=[victim])
+        assert cluster.get(victim, k) == b"after"
+
+
+def test_a_data_directory_keeps_its_worker_count(tmp_path: Path,
+                                                  cluster: ProcCluster) -> None:
+    """A member made with --workers 2 refuses --workers 1 (and 3), naming both; nothing
+    in its directory changes."""
+    node = cluster.nodes[2]
+    listing = sorted(p.name for p in node.data_dir.iterdir())
+    for n in (1, 3):
+        out = subprocess.run(
+            [sys.executable, "-m", "accord", "serve", "--name", node.name, "--data-dir",
+             str(node.data_dir), "--workers", str(n), "--shards", str(SHARDS),
+             "--listen-metrics-urls", "off"],
+            capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2, out.stderr
+        assert "created with --workers 2" in out.stderr and f"--workers {n}" in out.stderr
+    assert sorted(p.name for p in node.data_dir.iterdir()) == listing
+
+
+def test_a_supervisor_killed_9_takes_its_workers_with_it(cluster: ProcCluster) -> None:
+    """No orphan keeps serving a node's shards (or holding its ports) once the node's
+    supervisor is gone; the node then restarts from its workers' data directories."""
+    node = cluster.nodes[0]
+    pids = cluster.worker_pids(node)
+    assert len(pids) == WORKERS
+    cluster.kill(node)
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{p}").exists() and "zombie" not in _state(p) for p in pids.values()):
+        assert time.monotonic() < deadline, f"workers {pids} outlived their supervisor"
+        time.sleep(0.05)
+    cluster.start(node)
+    cluster.wait_serving(node)
+    cluster.put(b"/back/k", b"v", via=[node])
+    assert cluster.get(node, b"/back/k") == b"v"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0]
+    except (OSError, IndexError):
+        return "zombie"
