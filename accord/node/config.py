@@ -439,6 +439,9 @@ class Config:
         why = f"--workers {self.workers} does not support"
         if self.joining:
             out.append(f"{why} joining a running cluster (--initial-cluster-state existing) yet")
+        if self.member_dead_after > 0:
+            out.append(f"{why} --member-dead-after yet (a replica repair would take the "
+                       f"member out of worker 0's groups only)")
         if any(u.strip().lower() != "off" for u in self.listen_metrics_urls):
             out.append(f"{why} --listen-metrics-urls yet (no /metrics or health endpoints "
                        f"through the supervisor): leave it out or pass 'off'")

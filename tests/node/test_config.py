@@ -199,6 +199,7 @@ def test_resolved_does_not_share_lists() -> None:
      "--workers 2 does not support --listen-metrics-urls"),
     (["--workers", "2", "--cert-file", "c.pem", "--key-file", "k.pem"],
      r"--workers 2 does not support TLS yet \(--cert-file\)"),
+    (["--workers", "2", "--member-dead-after", "30"], "does not support --member-dead-after"),
     (["--workers", "2", "--peer-client-cert-auth"], r"does not support TLS yet \(--peer-client-cert-auth\)"),
     (["--workers", "2", "--listen-client-urls", "https://127.0.0.1:2379"],
      r"does not support TLS yet \(https://127.0.0.1:2379\)"),
