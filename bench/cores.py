@@ -22,9 +22,17 @@ user + system): CPU per op is the figure that survives a busy machine; throughpu
 count is what the issue's goal ("a node scales with cores") is read from, so take it on a
 machine with more cores than this benchmark has members times ``k``.
 
+``--node-workers 1,2,4`` adds the workers axis (docs/workers.md): one accord cluster per
+value, its members started with ``--workers W`` (each member's supervisor and workers
+pinned to the member's ``k`` cores together), shown as ``accord-wW``; ``W`` must not
+exceed ``--shards``. With ``k`` cores per member, ``W = k`` is the configuration the
+design sizes; on a machine with fewer than ``3 k`` cores the members share cores and the
+figure cannot scale.
+
 Usage: ``python bench/cores.py [--cores 1,2,4,8,16] [--duration 3] [--reps 2]
-[--workers 3] [--concurrency 256] [--accord-args "--shards 8"] [--no-etcd]``. Prints a
-table; the last line is one JSON object with every figure.
+[--workers 3] [--concurrency 256] [--accord-args "--shards 8"] [--node-workers 1,2]
+[--workload put|sput] [--no-etcd]``. The workers axis wants ``--workload sput``: ``put``'s
+keys share one partition, so one shard, so one worker of each node. Prints a table; the last line is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.ab import cpu_of  # noqa: E402
-from bench.harness import Cluster, Harness, machine  # noqa: E402
+from bench.harness import Cluster, Harness, children, machine  # noqa: E402
 from bench.kv import clean, fmt, median, ordered_endpoints  # noqa: E402
 from bench.loadgen import LoadGen, Spec  # noqa: E402
 
@@ -90,16 +98,20 @@ def pin(pid: int, cpus: set[int]) -> int:
 
 
 def pin_cluster(c: Cluster, wins: list[set[int]]) -> None:
+    """Each member onto its window: its process and its children (a node's workers)."""
     for m, cpus in zip(c.members, wins, strict=True):
-        pin(m.pid, cpus)
+        for pid in [m.pid, *children(m.pid)]:
+            pin(pid, cpus)
 
 
 def check_pinned(c: Cluster, wins: list[set[int]]) -> None:
-    """Raise unless every member's main thread runs where it was pinned."""
+    """Raise unless every member's main threads (its workers' too) run where pinned."""
     for m, cpus in zip(c.members, wins, strict=True):
-        got = os.sched_getaffinity(m.pid)
-        if got != cpus:
-            raise RuntimeError(f"{m.name} runs on {sorted(got)}, pinned to {sorted(cpus)}")
+        for pid in [m.pid, *children(m.pid)]:
+            got = os.sched_getaffinity(pid)
+            if got != cpus:
+                raise RuntimeError(f"{m.name} (pid {pid}) runs on {sorted(got)}, pinned to "
+                                   f"{sorted(cpus)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,8 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=3, help="load generator processes (default 3)")
     p.add_argument("--concurrency", type=int, default=256, help="concurrent writers (default 256)")
     p.add_argument("--accord-args", default="", help="extra `accord serve` flags, e.g. \"--shards 16\"")
+    p.add_argument("--workload", default="put", choices=("put", "sput"),
+                   help="put (one partition: one shard) or sput (each client's keys in a "
+                   "partition of its own, spread over the shards; what workers need)")
+    p.add_argument("--node-workers", default="1", help="accord's --workers per member, "
+                   "comma-separated: one accord cluster each (default 1)")
     p.add_argument("--no-etcd", action="store_true", help="skip the etcd reference")
     args = p.parse_args(argv)
+    try:
+        node_workers = [int(x) for x in args.node_workers.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--node-workers must be comma-separated integers, got {args.node_workers!r}")
+    if not node_workers or min(node_workers) < 1:
+        p.error("--node-workers names no worker count >= 1")
     allowed = sorted(os.sched_getaffinity(0))
     try:
         counts = parse_counts(args.cores, len(allowed)) if args.cores else default_counts(len(allowed))
@@ -125,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     with Harness() as h, LoadGen(args.workers) as lg:
-        systems: dict[str, Cluster] = {"accord": h.accord(extra=tuple(args.accord_args.split()))}
+        systems: dict[str, Cluster] = {}
+        for w in node_workers:
+            name = "accord" if w == 1 else f"accord-w{w}"
+            systems[name] = h.accord(extra=tuple(args.accord_args.split()), workers=w)
         if not args.no_etcd:
             systems["etcd"] = h.etcd()
         names = list(systems)
@@ -142,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                     pin_cluster(c, wins)
                     check_pinned(c, wins)
                     before = cpu_of(c)
-                    spec = Spec("put", ordered_endpoints(c), args.concurrency, args.duration,
+                    spec = Spec(args.workload, ordered_endpoints(c), args.concurrency, args.duration,
                                 tag=f"c{rep}k{k}")
                     r = lg.run(spec)
                     ops = r.ops_s * args.duration
@@ -158,13 +184,14 @@ def main(argv: list[str] | None = None) -> int:
             "ops_s": median([x[0] for x in rs]), "p99_ms": median([x[1] for x in rs]),
             "cpu_us_per_op": median([x[2] for x in rs]),
             "disjoint": 3 * k <= len(allowed)}
-    print(f"\nput {args.concurrency} concurrent, 256 B, each member pinned to k cores; medians of "
+    print(f"\n{args.workload} {args.concurrency} concurrent, 256 B, each member pinned to k cores; medians of "
           f"{args.reps} interleaved rounds of {args.duration:g}s")
     print(f"machine: {machine()}  ({time.time() - started:.0f}s)")
     hdr = f"{'cores':>5}{'disjoint':>9}"
+    width = {name: max(14, len(name) + 8) for name in names}
     for name in names:
-        hdr += f"{name + ' ops/s':>14}{'p99 ms':>8}{'us/op':>7}{'vs 1st':>7}"
-    if "etcd" in names:
+        hdr += f"{name + ' ops/s':>{width[name]}}{'p99 ms':>8}{'us/op':>7}{'vs 1st':>7}"
+    if "etcd" in names and "accord" in names:
         hdr += f"{'a/e':>6}"
     print(hdr + "   (us/op: CPU of all three members per put)")
     print("-" * len(hdr))
@@ -175,16 +202,17 @@ def main(argv: list[str] | None = None) -> int:
             row, first = rows[name][str(k)], rows[name][str(counts[0])]
             s = row["ops_s"] / first["ops_s"] if first["ops_s"] else float("nan")
             scaling[name][str(k)] = round(s, 3)
-            line += (f"{fmt(row['ops_s'], 0):>14}{fmt(row['p99_ms'], 1):>8}"
+            line += (f"{fmt(row['ops_s'], 0):>{width[name]}}{fmt(row['p99_ms'], 1):>8}"
                      f"{fmt(row['cpu_us_per_op'], 0):>7}{fmt(s):>7}")
-        if "etcd" in names:
+        if "etcd" in names and "accord" in names:
             e = rows["etcd"][str(k)]["ops_s"]
             line += f"{fmt(rows['accord'][str(k)]['ops_s'] / e if e else float('nan')):>6}"
         print(line)
     print(json.dumps(clean({"bench": "cores", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                       "machine": machine(), "cpus": len(allowed), "counts": counts,
-                      "concurrency": args.concurrency, "duration_s": args.duration,
-                      "reps": args.reps, "rows": rows, "scaling_vs_first": scaling}),
+                      "workload": args.workload, "concurrency": args.concurrency, "duration_s": args.duration,
+                      "reps": args.reps, "node_workers": node_workers, "rows": rows,
+                      "scaling_vs_first": scaling}),
                      allow_nan=False))
     return 0
 

@@ -40,6 +40,7 @@ from accord.client.tls import TLSOptions, sync_channel  # noqa: E402
 from accord.node.certs import CertFiles, make_cluster_pki  # noqa: E402
 from accord.proto import auth_pb2, rpc_pb2  # noqa: E402
 from accord.proto import rpc_pb2_grpc as _rpc_grpc  # noqa: E402
+from accord.testing import free_port_blocks  # noqa: E402
 
 rpc_pb2_grpc: Any = _rpc_grpc  # generated stubs are untyped
 
@@ -77,6 +78,19 @@ def cpu_seconds(pid: int) -> float:
         data = f.read()
     fields_ = data[data.rindex(")") + 2:].split()
     return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (from ``/proc``)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{entry}/stat") as f:
+                    data = f.read()
+                if int(data[data.rindex(")") + 2:].split()[1]) == pid:
+                    out.append(int(entry))
+    return out
 
 
 def _die_with_parent() -> None:
@@ -227,7 +241,10 @@ class Cluster(abc.ABC):
 
     @property
     def pids(self) -> list[int]:
-        return [m.pid for m in self.members if m.alive()]
+        """Every live member's process and its children (a node of several workers is a
+        supervisor and its worker processes): what the CPU figures and pinning cover."""
+        pids = [m.pid for m in self.members if m.alive()]
+        return pids + [c for p in pids for c in children(p)]
 
     def start(self, timeout: float = 60.0) -> None:
         for m in self.members:
@@ -353,11 +370,24 @@ class AccordCluster(Cluster):
     kind = "accord"
 
     def __init__(self, root: Path, n: int = 3, *, heartbeat_ms: int = 100,
-                 election_ms: int = 1000, extra: tuple[str, ...] = (), tls: bool = False) -> None:
+                 election_ms: int = 1000, extra: tuple[str, ...] = (), tls: bool = False,
+                 workers: int = 1) -> None:
         self.heartbeat_ms = heartbeat_ms
         self.election_ms = election_ms
         self.extra = extra
+        self.workers = workers
+        """``--workers`` of every member (docs/workers.md): worker k listens on peer port + k."""
+        if workers > 1:
+            self.kind = f"accord-w{workers}"  # its own member names and data directories
         super().__init__(root, n, tls=tls)
+        if workers > 1:
+            taken = [m.client_port for m in self.members]
+            for m, base in zip(self.members, free_port_blocks(n, workers, avoid=taken),
+                               strict=True):
+                m.peer_port = base
+            self.initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+            for m in self.members:
+                m.argv = self.argv(m)
 
     def argv(self, m: Member) -> list[str]:
         return [
@@ -370,6 +400,7 @@ class AccordCluster(Cluster):
             "--election-timeout", str(self.election_ms),
             "--log-level", "warn",
             *m.tls_flags(),
+            *(("--workers", str(self.workers)) if self.workers > 1 else ()),
             *self.extra,
         ]
 
@@ -435,6 +466,7 @@ class Harness:
         return c
 
     def accord(self, *, extra: tuple[str, ...] = (), tls: bool = False, **kw: int) -> AccordCluster:
+        """A 3-member accord cluster (``workers=N``: each member ``--workers N``)."""
         c = AccordCluster(self.root, extra=extra, tls=tls, **kw)
         self.add(c)
         return c

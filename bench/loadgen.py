@@ -10,7 +10,10 @@ etcd, accord and the do-nothing server, so their figures compare.
 
 Workloads (``Spec.workload``):
 
-* ``put``: 256-byte values over a small key set per client;
+* ``put``: 256-byte values over a small key set per client (all under ``bench/``: one
+  partition, so one shard of a sharded accord);
+* ``sput``: the same with each client's keys in a partition of its own (spread over the
+  shards, and over a node's workers);
 * ``get`` / ``sget``: linearizable / serializable Range of one of 1,000 seeded keys;
 * ``txn``: compare-and-set, ``Txn(mod_revision == last) then Put``;
 * ``txn2``: the same over two keys of different partitions (on an 8-shard accord: two
@@ -50,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WORKLOADS = ("put", "get", "sget", "txn", "txn2", "mixed", "lock", "watch", "lease", "load")
+WORKLOADS = ("put", "sput", "get", "sget", "txn", "txn2", "mixed", "lock", "watch", "lease", "load")
 RPC_TIMEOUT = 10.0
 READ_KEYS = 1000
 

@@ -205,12 +205,13 @@ class Worker:
         self.seeded.add(key)
 
     # --- workloads ---------------------------------------------------------------------
-    async def _w_put(self, spec: Spec) -> Runner:
+    async def _w_put(self, spec: Spec, spread: bool = False) -> Runner:
         value = random_value(spec.value_size)
         ops: list[Op] = []
         for gid, ep in self.clients(spec):
             kv = self.kv(ep)
-            keys = [f"bench/{spec.tag}/put/{gid}/{i}".encode() for i in range(100)]
+            keys = [(f"/bench-{spec.tag}/put-{gid}/{i}" if spread
+                     else f"bench/{spec.tag}/put/{gid}/{i}").encode() for i in range(100)]
             state = [0]
 
             async def op(kv: Any = kv, keys: list[bytes] = keys, state: list[int] = state) -> None:
@@ -234,6 +235,11 @@ class Worker:
                     raise RuntimeError(f"seeded key {key!r} missing")
             ops.append(op)
         return lambda s, e: closed_loop(ops, s, e)
+
+    async def _w_sput(self, spec: Spec) -> Runner:
+        """``put`` with each client's keys in a partition of its own (``/bench-T/put-G/``),
+        so that a sharded accord spreads them over its shards (and a node's workers)."""
+        return await self._w_put(spec, spread=True)
 
     async def _w_get(self, spec: Spec) -> Runner:
         return await self._reads(spec, False)
