@@ -262,8 +262,14 @@ class ProcCluster:
             return ""
 
     def signal(self, node: ProcNode, sig: signal.Signals) -> None:
+        """Signal ``node``: its process, and with ``--workers`` its worker processes too
+        (a paused node is all of them paused)."""
         assert node.proc is not None
+        workers = self.worker_pids(node) if self.workers > 1 else {}
         os.kill(node.proc.pid, sig)
+        for pid in workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
         if sig == signal.SIGSTOP:
             node.paused = True
         elif sig == signal.SIGCONT:

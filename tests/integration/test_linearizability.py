@@ -21,7 +21,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from accord.node.placement import WorkerPlan
 from accord.proto import rpc_pb2
+from accord.services.kv.sharding import shard_of
 from tests.integration.cluster import ProcCluster, ProcNode
 from tests.integration.test_partition import proxied  # noqa: F401 - fixture
 from tests.lincheck import INF, Op, check
@@ -106,13 +108,35 @@ def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
 
 
 def test_histories_under_leader_kills_and_pauses_are_linearizable(cluster: ProcCluster) -> None:
-    for k in KEYS:
+    run_with_nemesis(cluster, KEYS)
+
+
+def test_histories_on_nodes_of_two_workers_are_linearizable(tmp_path: Path) -> None:
+    """The same with every member ``--workers 2`` (docs/workers.md): the keys lie on
+    both workers' shards, so calls are forwarded inside the nodes; the nemesis kills and
+    pauses whole nodes (supervisor and workers)."""
+    plan = WorkerPlan(2, 4)
+    keys: list[bytes] = []
+    for w in (0, 1, 0, 1):
+        i = 0
+        while (key := f"/lin/{w}-{i}/k".encode()) in keys or plan.worker_of_shard(
+                shard_of(key, 4)) != w:
+            i += 1
+        keys.append(key)
+    with ProcCluster(tmp_path, 3, workers=2, extra=("--shards", "4")) as c:
+        run_with_nemesis(c, keys)
+
+
+def run_with_nemesis(cluster: ProcCluster, keys: list[bytes]) -> None:
+    """Four clients over ``keys`` while the leader is killed -9 and restarted, then the
+    next leader paused and resumed; the history must be linearizable."""
+    for k in keys:
         cluster.put(k, b"0")
-    history: list[Op] = [Op(k, "write", 0.0, 0.0, 0) for k in KEYS]
+    history: list[Op] = [Op(k, "write", 0.0, 0.0, 0) for k in keys]
     lock = threading.Lock()
     duration = 9.0
     until = time.monotonic() + duration
-    clients = [Client(i, cluster, until, history, lock, seed=i) for i in range(4)]
+    clients = [Client(i, cluster, until, history, lock, seed=i, keys=keys) for i in range(4)]
     for c in clients:
         c.start()
     # nemesis: kill -9 the leader, restart it, then pause the next leader and resume it
