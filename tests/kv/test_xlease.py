@@ -5,8 +5,11 @@ lease id (``accord/services/kv/xlease.py``): every key goes at one revision R on
 shard (a Range at R-1 sees them all, at R none), a watcher over all shards sees every
 delete at R, a Put with the lease during the revoke either lands before and goes at R or
 fails with lease-not-found after, and a coordinator that dies after any step leaves
-all-or-nothing once the recovery pass ran. The deliberately broken variants (each shard
-deleting at its own revision; Puts not held back) are caught by the same checks.
+all-or-nothing once the recovery pass ran. A lease whose keys lie on one shard or none is
+revoked the same way: a Put with it on another shard, started at every turn of the event
+loop through the revoke, is before it or after it, never between. The deliberately broken
+variants (each shard deleting at its own revision; Puts not held back; the older path of a
+one-shard lease, shard 0 first and then each other shard) are caught by the same checks.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pytest
 
 from accord.proto import rpc_pb2 as pb
 from accord.services.kv import errors
+from accord.services.kv.mvcc import MOD, VALUE
 from accord.services.kv.xcoord import TXN_TIMEOUT_MS
 from tests.kv.test_xshard import SHARDS, Shards, hold_commits, spread_keys
 
@@ -43,6 +47,7 @@ async def test_a_revoke_deletes_every_key_on_every_shard_at_one_revision() -> No
     lease, keys = await _leased(b)
     rev = (await b.lease_revoke(pb.LeaseRevokeRequest(ID=lease))).header.revision
     assert await _one_revision(b, rev, len(keys))
+    await b.xcoord.drain()
     assert all(lease not in m.leases.leases for m in b.machines)
     assert all(not m.intents for m in b.machines)
     with pytest.raises(errors.EtcdError) as e:
@@ -62,17 +67,80 @@ async def test_the_broken_variant_deleting_at_each_shards_own_revision_is_caught
     assert not await _one_revision(b, rev, len(keys))
 
 
-async def test_a_lease_on_one_shard_keeps_the_plain_path() -> None:
+async def _race(step: int, keys_on: tuple[int, ...], expire: bool, broken: bool) -> list[str]:
+    """A revoke (``expire``: an expiry) of a lease whose keys lie on ``keys_on`` (one key
+    per shard named, maybe none), and a Put with the lease on shard ``SHARDS - 1``
+    started ``step`` turns of the event loop after it (every command applied takes one);
+    returns how the outcome differs from one etcd's, where the revoke is atomic: the Put
+    is before it (its key deleted at the revoke's revision R, with every other key of the
+    lease) or after it (lease-not-found)."""
     b = Shards()
-    lease = (await b.lease_grant(pb.LeaseGrantRequest(TTL=60))).ID
-    keys = [f"/one/x/{i}".encode() for i in range(3)]
-    assert len({b.shard_of(k) for k in keys}) == 1
+    b.broken_lease_plain_path = broken
+    lease = (await b.lease_grant(pb.LeaseGrantRequest(TTL=5))).ID
+    pool = spread_keys(40)
+    keys = [next(k for k in pool if b.shard_of(k) == s) for s in keys_on]
+    late = next(k for k in pool if b.shard_of(k) == SHARDS - 1 and k not in keys)
     for k in keys:
         await b.put(pb.PutRequest(key=k, value=b"v", lease=lease))
-    sent = b.x_sent
-    await b.lease_revoke(pb.LeaseRevokeRequest(ID=lease))
-    assert b.x_sent == sent, "no cross-shard command for a one-shard lease"
-    assert (await b.range(pb.RangeRequest(key=b"/one/x/", range_end=b"/one/x0"))).count == 0
+    if expire:
+        b.clock += 5_001
+        revoking = asyncio.create_task(b.expire_leases())
+    else:
+        revoking = asyncio.create_task(b.lease_revoke(pb.LeaseRevokeRequest(ID=lease)))
+    for _ in range(step):
+        await asyncio.sleep(0)
+    put = asyncio.create_task(b.put(pb.PutRequest(key=late, value=b"late", lease=lease)))
+    done, outcome = await asyncio.gather(revoking, put, return_exceptions=True)
+    await b.xcoord.drain()
+    if isinstance(done, BaseException):
+        raise done
+    wrong = []
+    if isinstance(outcome, BaseException):
+        if not (isinstance(outcome, errors.EtcdError)
+                and outcome.message == errors.LEASE_NOT_FOUND.message):
+            raise outcome
+        if b.machines[SHARDS - 1].store.versions(late):
+            wrong.append("the Put failed, yet its key was written")
+    else:
+        keys.append(late)
+    ends = {k: b.machines[b.shard_of(k)].store.versions(k)[-1] for k in keys}
+    if any(rec[VALUE] is not None for rec in ends.values()):
+        wrong.append("a key outlived its lease")
+    deleted_at = {rec[MOD] for rec in ends.values()}
+    if len(deleted_at) > 1:
+        wrong.append(f"the lease's keys were deleted at several revisions: {deleted_at}")
+    rev = done if expire else done.header.revision
+    if expire:
+        assert done == [lease]
+        rev = min(deleted_at, default=0)
+    elif keys and deleted_at != {rev}:
+        wrong.append(f"keys deleted at {deleted_at}, not at the revoke's revision {rev}")
+    if not isinstance(outcome, BaseException) and outcome.header.revision >= rev:
+        wrong.append(f"a Put at {outcome.header.revision} succeeded after the revoke at {rev}")
+    if any(lease in m.leases.leases for m in b.machines):
+        wrong.append("a shard still holds the lease")
+    return wrong
+
+
+RACE_STEPS = range(24)
+"""Every turn of the event loop from the revoke's start to past its last command."""
+
+
+@pytest.mark.parametrize("expire", [False, True])
+@pytest.mark.parametrize("keys_on", [(), (0,), (1,), (0, 2)])
+async def test_a_put_with_the_lease_racing_a_revoke_is_before_or_after_it(
+        keys_on: tuple[int, ...], expire: bool) -> None:
+    for step in RACE_STEPS:
+        assert await _race(step, keys_on, expire, broken=False) == [], step
+
+
+@pytest.mark.parametrize("expire", [False, True])
+@pytest.mark.parametrize("keys_on", [(0,), (1,)])
+async def test_the_broken_variant_revoking_a_one_shard_lease_shard_by_shard_is_caught(
+        keys_on: tuple[int, ...], expire: bool) -> None:
+    found = [w for step in RACE_STEPS for w in await _race(step, keys_on, expire, broken=True)]
+    assert found, "the older path's race: a Put on another shard lands mid-revoke"
+    assert any("several revisions" in w or "after the revoke" in w for w in found), found
 
 
 async def test_a_watch_over_all_shards_sees_every_delete_at_one_revision() -> None:
@@ -80,6 +148,7 @@ async def test_a_watch_over_all_shards_sees_every_delete_at_one_revision() -> No
     lease, keys = await _leased(b)
     w = b.watch_hub.watch(b"k", b"l", start_revision=b.revision + 1)
     rev = (await b.lease_revoke(pb.LeaseRevokeRequest(ID=lease))).header.revision
+    await b.xcoord.drain()
     events = []
     for _ in range(100):
         batch = w.poll()
@@ -140,8 +209,10 @@ async def test_a_coordinator_dying_after_any_step_leaves_all_or_nothing(stall_af
     t = asyncio.create_task(b.lease_revoke(pb.LeaseRevokeRequest(ID=lease)))
     for _ in range(100):
         await asyncio.sleep(0)
-    assert not t.done()
+    # Answered once the decision is in (the other shards commit in the background).
+    assert t.done() == (stall_after > SHARDS)
     t.cancel()
+    await b.xcoord.close()
     b.stall_after = None
     b.clock += TXN_TIMEOUT_MS + 1
     await b.resolve_stale_intents()
@@ -168,6 +239,7 @@ async def test_an_expiry_deletes_every_key_on_every_shard_at_one_revision() -> N
     assert await b.expire_leases() == []
     b.clock += 5_001
     assert await b.expire_leases() == [lease]
+    await b.xcoord.drain()
     events = []
     while (batch := w.poll()) is not None:
         events.extend(batch.events)

@@ -223,10 +223,10 @@ class StateMachineBackend(ABC):
     * leases live on shard 0 (their clock, TTL, keepalives and expiry); a grant and a
       revocation are also applied on every other shard, which keeps the set of live lease
       ids and the keys attached there, so a Put with a lease is checked where it applies,
-      and a revocation deletes the lease's keys on every shard: a lease whose keys lie on
-      several shards is revoked (or expired) at one revision on all of them through
-      intents that also hold the lease id (``xlease.py``), one whose keys lie on one
-      shard (or none) shard 0 first, then each other shard;
+      and a revocation deletes the lease's keys on every shard: it is revoked (or
+      expired) at one revision on all of them through intents that also hold the lease
+      id (``xlease.py``), so a Put with it on any shard is before or after, as on one
+      etcd (until every member applies that command: shard 0 first, then each other);
     * Compact(R) floors and compacts every shard at R.
     """
 
@@ -270,6 +270,12 @@ class StateMachineBackend(ABC):
         """A deliberately broken variant for tests: a lease revoke across shards decided
         on shard 0 and then deleted on each other shard at its own revision (``xlease``).
         Never set outside tests."""
+        self.broken_lease_plain_path = False
+        """A deliberately broken variant for tests (the behaviour before every revoke took
+        ``xlease``): a lease whose keys lie on one shard or none, seen after a barrier on
+        each, is revoked on shard 0 and then dropped by each other shard, so a Put with
+        it racing the revoke on another shard lands and its key goes at that shard's own
+        revision. Never set outside tests."""
 
     def set_clock_drift(self, max_drift_ms: float, guard: ClockGuard | None = None) -> None:
         """The bound on the members' clock difference the commit-wait allows for
@@ -681,16 +687,26 @@ class StateMachineBackend(ABC):
         return result
 
     async def _spread(self, lease_id: int) -> bool:
-        """Whether ``lease_id``'s keys lie on several shards (after a barrier on each)."""
-        if self.shards == 1 or not self.multi_shard_leases:
-            return False
+        """Whether ``lease_id``'s keys lie on several shards (after a barrier on each):
+        only the broken variant :attr:`broken_lease_plain_path` asks."""
         await self._each(range(self.shards), self.read_barrier)
         return sum(1 for m in self.machines if m.lease_keys(lease_id)) > 1
 
+    async def _atomic_revoke(self, lease_id: int) -> bool:
+        """Whether revoking ``lease_id`` runs ``xlease`` (one revision, Puts with it held
+        back on every shard until the decision): always with several shards once every
+        member applies its command; else the older path (shard 0, then each other)."""
+        if self.shards == 1 or not self.multi_shard_leases:
+            return False
+        if self.broken_lease_plain_path:
+            return await self._spread(lease_id)
+        return True
+
     async def lease_revoke(self, req: rpc_pb2.LeaseRevokeRequest) -> rpc_pb2.LeaseRevokeResponse:
-        """Revoke a lease: its keys go on every shard; at one revision on every shard
-        when they lie on several (``xlease.py``)."""
-        if await self._spread(req.ID):
+        """Revoke a lease: its keys go on every shard, at one revision, and a Put with it
+        on any shard is either before (its key goes at that revision) or after (it fails
+        with lease-not-found), as on one etcd (``xlease.py``)."""
+        if await self._atomic_revoke(req.ID):
             rev = await xlease.revoke(self.xcoord, req.ID,
                                       broken=self.broken_lease_own_revisions)
             resp = rpc_pb2.LeaseRevokeResponse()
@@ -737,25 +753,29 @@ class StateMachineBackend(ABC):
 
         Call it periodically on shard 0's leader (a replicated backend passes its term
         through :meth:`lease_clock`, so a new leader expires nothing before its first
-        lease command rebased the deadlines). The other shards then drop the leases and
-        their keys too; a lease whose keys lie on several shards is expired at one
-        revision on all of them (``xlease.py``), re-checked on shard 0 at its decision."""
+        lease command rebased the deadlines). With several shards each overdue lease is
+        expired at one revision on all of them (``xlease.py``), re-checked on shard 0 at
+        its decision; until every member applies that command, shard 0 expires them in one
+        command and the other shards then drop them."""
         now, term = self.lease_clock()
         ids = self.sm.expired_leases(now, term if term else None, limit)
         if not ids:
             return []
         if self.shards > 1 and self.multi_shard_leases:
-            await self._each(range(self.shards), self.read_barrier)
-            spread = [i for i in ids if sum(1 for m in self.machines if m.lease_keys(i)) > 1]
-            if spread:
+            atomic = ids
+            if self.broken_lease_plain_path:
+                await self._each(range(self.shards), self.read_barrier)
+                atomic = [i for i in ids if sum(1 for m in self.machines if m.lease_keys(i)) > 1]
+            if atomic:
                 done = await asyncio.gather(*(xlease.revoke(
                     self.xcoord, i, expire=True, broken=self.broken_lease_own_revisions)
-                    for i in spread), return_exceptions=True)
+                    for i in atomic), return_exceptions=True)
                 failed = next((d for d in done if isinstance(d, BaseException)), None)
                 if failed is not None:
                     raise failed
-                gone = [i for i, d in zip(spread, done, strict=True) if d is not None]
-                rest = [i for i in ids if i not in spread]
+                gone = [i for i, d in zip(atomic, done, strict=True) if d is not None]
+                taken = set(atomic)
+                rest = [i for i in ids if i not in taken]
                 return gone + (await self._expire_plain(rest, now, term) if rest else [])
         return await self._expire_plain(ids, now, term)
 

@@ -211,6 +211,16 @@ class Coordinator:
         except EtcdError:
             pass  # the intents stay until a reader or the recovery pass resolves them
 
+    def finish_later(self, txn_id: int, path: list[bool], others: Sequence[int],
+                     now: int) -> None:
+        """Commit a decided transaction on ``others`` in a task this coordinator owns
+        (:meth:`drain`, :meth:`close`), once its answer needs nothing from them: a reader
+        or a writer meeting their intents meanwhile waits for the commit."""
+        task = asyncio.create_task(self._finish(txn_id, path, others, now),
+                                   name=f"xtxn-finish-{txn_id:x}")
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+
     async def drain(self) -> None:
         """Wait for the background commits under way (tests; a settled store)."""
         while self._finishing:

@@ -13,7 +13,14 @@ either ran before and its key is deleted with the others, or it fails with etcd'
    keepalive renewed the lease meanwhile;
 2. ``COMMIT`` on shard 0, the decision (an expiry is aborted instead if the lease is no
    longer overdue): the lease's keys there are deleted at R and the lease is forgotten;
-3. ``COMMIT`` on the other shards: their keys deleted at R, the lease forgotten.
+3. ``COMMIT`` on the other shards: their keys deleted at R, the lease forgotten; run in
+   the background after the answer (the decision is durable; their intents hold the lease
+   and the keys until then), so a revoke answers after two rounds.
+
+Every revoke with several shards runs this, wherever its keys lie (on one shard or none
+too): each shard holds the lease id, so a Put with it on a shard that has not been told
+could otherwise land after the revoke took effect elsewhere and be deleted at that
+shard's own revision (the older path's race; ``broken_lease_plain_path`` in the backend).
 
 A coordinator that dies midway leaves intents that the recovery pass resolves through the
 record exactly as a Txn's (``xcoord.Coordinator.resolve``): all keys deleted at R, or
@@ -105,8 +112,11 @@ async def revoke(
             plain = _plain_revoke(lease_id)
             await asyncio.gather(*(_tolerant(coord, plain, s) for s in shards[1:]))
         else:
-            await asyncio.gather(*(parts.commit(
-                xcommands.encode_commit(txn_id, [], s, n, now), s) for s in shards[1:]))
+            # The decision is durable and the answer holds nothing from the other shards:
+            # answer now and commit them in the background. Until each has, its intent
+            # holds the lease (a Put with it waits, then fails with lease-not-found) and
+            # its keys (a linearizable read at or above R waits), as for a Txn's.
+            coord.finish_later(txn_id, [], shards[1:], now)
         coord.stats["committed"] += 1
         await parts.settle(rev)
         return rev
