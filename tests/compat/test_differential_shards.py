@@ -12,12 +12,19 @@ messages), with the revision numbers left out: accord's numbering is not etcd's
 on accord above every revision accord answered before. Checked too on accord: the keys
 one Txn wrote all carry the Txn's header revision, every
 response nested in it carries that revision too, and a compare-and-swap on the
-mod_revisions each side reported behaves the same on both. The seed of each run is
-printed by hypothesis on failure.
+mod_revisions each side reported behaves the same on both. And the watch: each side has
+one watch over every example's keys (on accord a merged watch over all 8 shards); at the
+end of an example a last Put closes it, and the events each side delivered, grouped by
+revision, must be the same lists in the same order: every step's events at one revision,
+a multi-shard Txn's in its operation order (nested Txns in turn, a DeleteRange's keys in
+key order), exactly as etcd delivers them. The seed of each run is printed by hypothesis
+on failure.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,12 +45,53 @@ VALUES = [b"x", b"y", b"z"]
 TIMEOUT = 20.0
 
 
+class Events:
+    """One watch over every example's keys (``/d``...) on one side, read by a thread:
+    the events as ``(revision, type, key, value)`` in delivery order."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._requests: queue.Queue[pb.WatchRequest | None] = queue.Queue()
+        self.got: queue.Queue[tuple[int, int, bytes, bytes]] = queue.Queue()
+        self._requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
+            key=b"/d", range_end=b"/e")))
+        self._call = rpc_pb2_grpc.WatchStub(channel).Watch(iter(self._requests.get, None))
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for resp in self._call:
+                for e in resp.events:
+                    self.got.put((e.kv.mod_revision, int(e.type), e.kv.key, e.kv.value))
+        except grpc.RpcError:
+            pass  # cancelled at the end
+
+    def until(self, key: bytes, prefix: bytes) -> list[list[tuple[int, bytes, bytes]]]:
+        """Every event under ``prefix`` up to the one of ``key`` (excluded), grouped by
+        revision (those of other prefixes: left by an earlier example that failed)."""
+        groups: list[list[tuple[int, bytes, bytes]]] = []
+        last = None
+        while True:
+            rev, kind, k, value = self.got.get(timeout=TIMEOUT)
+            if k == key:
+                return groups
+            if not k.startswith(prefix):
+                continue
+            if rev != last:
+                groups.append([])
+                last = rev
+            groups[-1].append((kind, k, value))
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._call.cancel()
+
+
 class Sides:
     def __init__(self, etcd: str, accord: str) -> None:
-        self.stubs = {
-            "etcd": rpc_pb2_grpc.KVStub(grpc.insecure_channel(etcd)),
-            "accord": rpc_pb2_grpc.KVStub(grpc.insecure_channel(accord)),
-        }
+        channels = {"etcd": grpc.insecure_channel(etcd), "accord": grpc.insecure_channel(accord)}
+        self.stubs = {side: rpc_pb2_grpc.KVStub(ch) for side, ch in channels.items()}
+        self.watches = {side: Events(ch) for side, ch in channels.items()}
         self.example = 0
         self.ns = b""
         self.last = {"etcd": 0, "accord": 0}
@@ -58,7 +106,10 @@ def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sides]:
     with ProcCluster(tmp_path_factory.mktemp("diff-shards"), 3, extra=("--shards", "8")) as c:
         c.wait_published()
         with etcd_server(tmp_path_factory.mktemp("etcd-diff-shards")) as e:
-            yield Sides(e.endpoint, c.nodes[0].endpoint)
+            sides = Sides(e.endpoint, c.nodes[0].endpoint)
+            yield sides
+            for w in sides.watches.values():
+                w.close()
 
 
 names = st.sampled_from(NAMES)
@@ -210,3 +261,9 @@ def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, 
     mods: dict[str, dict[bytes, int]] = {"etcd": {}, "accord": {}}
     for step in program:
         _send(sides, step, mods)
+    end = sides.ns + b"~end"
+    events = {}
+    for side, stub in sides.stubs.items():
+        stub.Put(pb.PutRequest(key=end, value=b""), timeout=TIMEOUT)
+        events[side] = sides.watches[side].until(end, sides.ns)
+    assert events["accord"] == events["etcd"], program

@@ -14,9 +14,10 @@ module maps the *contents* of its buckets to and from the images
   etcd's checkpoints leave it, the remaining TTL).
 
 accord with several shards keeps one history per shard over one revision space; in etcd's
-layout they become one history. A revision that two shards both wrote (which their
-revision floors make rare) keeps every change, the later shards' sub-revisions numbered
-after the earlier ones'. Going back, each key goes to the shard ``sharding.shard_of``
+layout they become one history. The changes of one revision from several shards (a
+multi-shard Txn, or a revision two shards both wrote before revisions were striped) are
+numbered by their sub-revisions, then key: a multi-shard Txn's in its operation order, as
+etcd numbers them. Going back, each key goes to the shard ``sharding.shard_of``
 names, every shard starts at the snapshot's revision, leases live on shard 0 (their home)
 and on every shard holding a key attached to them.
 
@@ -101,7 +102,10 @@ def to_etcd(images: Sequence[bytes]) -> Buckets:
                 leases[lid] = (ttl, remaining)
     key_bucket: dict[bytes, bytes] = {}
     for main in sorted(changes):
-        for sub, (_shard, _s, key, rec) in enumerate(sorted(changes[main])):
+        # By sub-revision, then key: a multi-shard Txn's changes in its operation order
+        # (each shard's share numbers them by their operation's place in the Txn).
+        at_main = sorted(changes[main], key=lambda c: (c[1], c[2], c[0]))
+        for sub, (_shard, _s, key, rec) in enumerate(at_main):
             if rec[VALUE] is None:
                 kv = kv_pb2.KeyValue(key=key)
                 key_bucket[rev_key(main, sub, True)] = kv.SerializeToString()

@@ -473,6 +473,28 @@ class WriteTxn:
         self.replaced.clear()
         self.repeats = False
 
+    def retag(self, subs: Sequence[int]) -> None:
+        """Give change ``j`` the sub-revision ``subs[j]`` instead of its place here: a
+        multi-shard Txn's share numbers its changes by their operation's place in the
+        whole Txn, so the merged watch can order one revision's events from several shards
+        as one etcd orders them (``docs/txn.md``). ``subs`` must not decrease (the changes
+        stay in their order). Before :meth:`commit`; never on the single-shard path."""
+        if len(subs) != len(self.changes):
+            raise ValueError(f"{len(subs)} sub-revisions for {len(self.changes)} changes")
+        hist = self.store.hist
+        for j, (key, rec, before) in enumerate(self.events):
+            sub = subs[j]
+            if rec[SUB] == sub:
+                continue
+            new: Rec = (rec[MOD], sub, rec[CREATE], rec[VERSION], rec[VALUE], rec[LEASE])
+            h = hist[key]
+            if isinstance(h, list):
+                i = next(i for i in range(len(h) - 1, -1, -1) if h[i] is rec)
+                h[i] = new
+            else:
+                hist[key] = new
+            self.events[j] = (key, new, before)
+
     def commit(self) -> list[tuple[bytes, Rec, Rec | None]]:
         """Make the changes current; returns :attr:`events`."""
         changes = self.changes

@@ -30,8 +30,12 @@ Ordered mode (the backends' hubs: an ``advance`` callback given): a merged watch
 delivers strictly in revision order, every event of one revision in one batch, released
 only up to the lowest closed revision of its shards (:func:`closed_revision`); an idle
 shard behind is asked to advance (the backend floors it) and the watchers are woken when
-it has. The header revision of such a batch is that closed revision. ``docs/txn.md``,
-"Watches over several shards". Without ``advance`` (a hub over shards nobody floors) the
+it has. The header revision of such a batch is that closed revision. The events of one
+revision from several shards (a multi-shard Txn, a lease revoke) come in the Txn's
+operation order, as one etcd gives them: the sub-watchers are *tagged* (their batches
+carry each event's sub-revision, which a multi-shard Txn's share sets to its operation's
+place in the whole Txn) and the merge sorts such a revision by sub-revision, then key (a
+DeleteRange's keys, as etcd deletes them). ``docs/txn.md``, "Watches over several shards". Without ``advance`` (a hub over shards nobody floors) the
 per-batch rules below apply.
 
 Rules of a merged watcher (per-batch mode):
@@ -108,6 +112,11 @@ def closed_revision(sub: Watcher) -> int:
 
 class MergedWatcher:
     """One watch spread over several shards; see the module docstring for its rules."""
+
+    broken_shard_order = False
+    """A deliberately broken variant for tests (the behaviour before the sub-revision
+    order): one revision's events from several shards in shard order, not the Txn's
+    operation order. Never set outside tests."""
 
     __slots__ = (
         "_advance",
@@ -252,11 +261,30 @@ class MergedWatcher:
             size = sum(_events_at(self._subs[i].peek(), rev) for i in take)
             if events and len(events) + size > max_events:
                 break
-            for i in take:
-                got = self._subs[i].poll(1 << 30, until_rev=rev)
+            if len(take) == 1:
+                got = self._subs[take[0]].poll(1 << 30, until_rev=rev)
                 if got is not None:
                     events.extend(got.events)
+                continue
+            events.extend(self._in_txn_order([self._subs[i].poll(1 << 30, until_rev=rev)
+                                              for i in take]))
         return WatchBatch(top, events) if events else None
+
+    def _in_txn_order(self, batches: list[WatchBatch | None]) -> list[Any]:
+        """The events of one revision from several shards (a multi-shard Txn, a lease
+        revoke), as one etcd delivers them: by sub-revision, which each shard's share set
+        to its operation's place in the Txn (``xtxn.run_share``), and by key within one
+        operation (a DeleteRange over several shards deletes in key order, as etcd)."""
+        tagged: list[tuple[int, bytes, int, Any]] = []
+        for b in batches:
+            if b is None:
+                continue
+            subs = b.subs if b.subs is not None else [0] * len(b.events)
+            for ev, sub in zip(b.events, subs, strict=True):
+                tagged.append((sub, ev.kv.key, len(tagged), ev))
+        if not self.broken_shard_order:
+            tagged.sort(key=lambda t: t[:3])
+        return [t[3] for t in tagged]
 
     def share_wake(self, wake: Wake) -> None:
         """Set ``wake`` whenever any sub-watcher gets something or the watch ends (the
@@ -423,9 +451,11 @@ class ShardedWatchHub:
             for i in picked:
                 # Sub-watchers never notify progress on their own: the merged watcher asks
                 # them, so that every answer belongs to one of its rounds.
+                # Tagged: one revision's events from several shards (a multi-shard Txn)
+                # are put in the Txn's operation order by their sub-revisions.
                 subs.append(
                     self.hubs[i].watch(key, range_end, start_revision, prev_kv, fs, False,
-                                       buffer_limit)
+                                       buffer_limit, tagged=True)
                 )
         except BaseException:
             for s in subs:

@@ -624,6 +624,7 @@ class KVStateMachine:
         try:
             for kr in intent.ranges:
                 wt.delete(kr)
+            wt.retag([0] * len(wt.changes))  # one operation: the merged watch orders by key
         except BaseException:
             wt.rollback()
             raise

@@ -26,7 +26,7 @@ from typing import Protocol
 from accord.proto import kv_pb2, rpc_pb2
 from accord.services.kv import errors
 from accord.services.kv.limits import Limits
-from accord.services.kv.mvcc import VALUE, MVCCStore, Rec
+from accord.services.kv.mvcc import SUB, VALUE, MVCCStore, Rec
 from accord.services.kv.pbconv import event_pb
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.watchindex import WatcherIndex
@@ -57,6 +57,10 @@ class WatchBatch:
     cancel_reason: str = ""
     progress: bool = False
     """An event-less progress notification: every event <= revision was delivered."""
+    subs: list[int] | None = None
+    """Only for a watcher with ``tagged`` set (a sub-watcher of a merged watch): each
+    event's sub-revision, its place in its revision (``shardwatch.py`` orders one
+    revision's events from several shards by it); None otherwise."""
 
 
 def batch_revision(batch: WatchBatch) -> int:
@@ -93,6 +97,7 @@ class Watcher:
         "prev_kv",
         "progress_notify",
         "synced",
+        "tagged",
     )
 
     def __init__(
@@ -124,6 +129,9 @@ class Watcher:
         self._wake: Wake | None = None
         self._final: WatchBatch | None = None
         self._want_progress = False
+        self.tagged = False
+        """Its batches carry each event's sub-revision (``WatchBatch.subs``): set on the
+        sub-watchers of a merged watch, never on a watch of one shard (no cost there)."""
 
     @property
     def canceled(self) -> bool:
@@ -139,6 +147,19 @@ class Watcher:
                 continue
             out.append(event_pb(key, rec, prev, self.prev_kv))
         return out
+
+    def _batch(self, revision: int, changes: list[Change]) -> WatchBatch | None:
+        """The batch of a replayed revision's ``changes`` (None if none matches), with
+        the sub-revisions when :attr:`tagged`."""
+        if not self.tagged:
+            events = self._events(changes)
+            return WatchBatch(revision, events) if events else None
+        picked = [c for c in changes if self.kr.contains(c[0])
+                  and not (self.no_delete if c[1][VALUE] is None else self.no_put)]
+        if not picked:
+            return None
+        return WatchBatch(revision, [event_pb(k, rec, prev, self.prev_kv) for k, rec, prev in picked],
+                          subs=[rec[SUB] for _k, rec, _p in picked])
 
     def _wants(self, rec: Rec) -> bool:
         return not (self.no_delete if rec[VALUE] is None else self.no_put)
@@ -175,6 +196,8 @@ class Watcher:
                     break
                 self._queue.popleft()
                 batch.events.extend(nxt.events)
+                if batch.subs is not None:
+                    batch.subs.extend(nxt.subs or [0] * len(nxt.events))
                 batch.revision = nxt.revision
             self._queued_events -= len(batch.events)
             if not self._queue and not self.synced and self._final is None:
@@ -280,8 +303,10 @@ class WatchHub:
         filters: Iterable[int] = (),
         progress_notify: bool = False,
         buffer_limit: int | None = None,
+        tagged: bool = False,
     ) -> Watcher:
-        """Create a watcher; ``start_revision`` 0 means "from the next revision".
+        """Create a watcher; ``start_revision`` 0 means "from the next revision"
+        (``tagged``: its batches carry the sub-revisions, :attr:`Watcher.tagged`).
 
         As in etcd an empty key is accepted (with a ``range_end`` it means "from the
         smallest key"); a single empty key simply never matches.
@@ -294,6 +319,7 @@ class WatchHub:
         self._next_id += 1
         w = Watcher(self, self._next_id, KeyRange.of(key, range_end), prev_kv, filters,
                     progress_notify, limit)
+        w.tagged = tagged
         self._watchers[w.id] = w
         if start_revision <= 0 or start_revision > self.progress():
             w.min_rev = start_revision
@@ -333,7 +359,10 @@ class WatchHub:
                     )
                 )
                 continue
-            w._push(WatchBatch(rev, events))
+            if w.tagged:
+                w._push(WatchBatch(rev, events, subs=[changes[i][1][SUB] for i in picked]))
+            else:
+                w._push(WatchBatch(rev, events))
 
     def notify_progress(self) -> int:
         """Queue a progress notification to idle synced watchers that asked for them."""
@@ -394,10 +423,10 @@ class WatchHub:
         while True:
             chunks, next_rev = store.changes_since(w.next_rev, w.kr, space, closed)
             for _rev, changes in chunks:
-                events = w._events(changes)
-                if events:
-                    w._push(WatchBatch(closed, events))
-                    space -= len(events)
+                batch = w._batch(closed, changes)
+                if batch is not None:
+                    w._push(batch)
+                    space -= len(batch.events)
             w.next_rev = next_rev
             if next_rev > closed:
                 self._sync(w)

@@ -200,7 +200,9 @@ def run_share(
     (as etcd fails a call whose response is over its size limit after applying it)."""
     resp = rpc_pb2.TxnResponse()
     failed: list[EtcdError] = []
-    _run(ex, wt, wt.rev, req, path, [0], owns, resp, failed)
+    tags: list[int] = []
+    _run(ex, wt, wt.rev, req, path, [0], owns, resp, failed, tags, [0])
+    wt.retag(tags)
     resp.header.revision = wt.rev
     return resp, (failed[0] if failed else None)
 
@@ -220,33 +222,54 @@ def _run(
     ex: Executor, wt: WriteTxn | None, rev: int, req: rpc_pb2.TxnRequest,
     path: Sequence[bool], p: list[int], owns: Callable[[bytes], bool],
     resp: rpc_pb2.TxnResponse, failed: list[EtcdError] | None = None,
+    tags: list[int] | None = None, at: list[int] | None = None,
 ) -> None:
+    """Walk the taken path in execution order; with ``tags``, each change written gets
+    its operation's place in that order over the whole Txn (``at`` counts the operations
+    run so far, every shard counting the same: ``WriteTxn.retag``)."""
     ok = path[p[0]]
     p[0] += 1
     resp.succeeded = ok
     for op in req.success if ok else req.failure:
         which = op.WhichOneof("request")
         out = resp.responses.add()
-        if which == "request_range":
-            try:
-                out.response_range.CopyFrom(ex.range(op.request_range, rev))
-            except EtcdError as e:
-                if wt is None or failed is None:
-                    raise
-                out.response_range.SetInParent()
-                failed.append(e)
-        elif which == "request_txn":
-            out.response_txn.header.SetInParent()
-            _run(ex, wt, rev, op.request_txn, path, p, owns, out.response_txn, failed)
-        elif wt is None:
-            raise ValueError("a read share of a Txn that writes")
-        elif which == "request_put":
-            if owns(op.request_put.key):
-                out.response_put.CopyFrom(ex.put(wt, op.request_put))
-            else:
-                out.response_put.SetInParent()
-        elif which == "request_delete_range":
-            out.response_delete_range.CopyFrom(ex.delete_range(wt, op.request_delete_range))
+        if tags is None or at is None or wt is None or which == "request_txn":
+            _run_op(ex, wt, rev, op, which, path, p, owns, out, failed, tags, at)
+            continue
+        place, at[0] = at[0], at[0] + 1
+        written = len(wt.changes)
+        _run_op(ex, wt, rev, op, which, path, p, owns, out, failed)
+        tags.extend([place] * (len(wt.changes) - written))
+
+
+def _run_op(
+    ex: Executor, wt: WriteTxn | None, rev: int, op: rpc_pb2.RequestOp, which: str | None,
+    path: Sequence[bool], p: list[int], owns: Callable[[bytes], bool],
+    out: rpc_pb2.ResponseOp, failed: list[EtcdError] | None,
+    tags: list[int] | None = None, at: list[int] | None = None,
+) -> None:
+    """One operation of :func:`_run` (a nested Txn walked in turn)."""
+    if which == "request_range":
+        try:
+            out.response_range.CopyFrom(ex.range(op.request_range, rev))
+        except EtcdError as e:
+            if wt is None or failed is None:
+                raise
+            out.response_range.SetInParent()
+            failed.append(e)
+    elif which == "request_txn":
+        out.response_txn.header.SetInParent()
+        _run(ex, wt, rev, op.request_txn, path, p, owns, out.response_txn, failed, tags,
+             at)
+    elif wt is None:
+        raise ValueError("a read share of a Txn that writes")
+    elif which == "request_put":
+        if owns(op.request_put.key):
+            out.response_put.CopyFrom(ex.put(wt, op.request_put))
+        else:
+            out.response_put.SetInParent()
+    elif which == "request_delete_range":
+        out.response_delete_range.CopyFrom(ex.delete_range(wt, op.request_delete_range))
 
 
 def merge(
