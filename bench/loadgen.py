@@ -21,6 +21,9 @@ Workloads (``Spec.workload``):
 * ``mixed``: 90% linearizable get, 10% put;
 * ``lock``: acquire (``Txn(create_revision == 0) then Put with lease``) and release
   (``DeleteRange``), etcd's lock recipe without waiters; one op is the pair;
+* ``revoke``: a session's life, ``LeaseGrant``, a ``Put`` of the client's key with that
+  lease, ``LeaseRevoke`` (on an 8-shard accord the revoke holds the lease on every shard
+  until its decision: ``docs/txn.md``); one op is the three;
 * ``watch``: ``watchers`` Watch streams on one key, one writer putting ``rate`` times a
   second a value carrying its send time; the latency is per delivered event;
 * ``lease``: ``leases`` leases granted once, then ``concurrency`` LeaseKeepAlive streams
@@ -53,7 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WORKLOADS = ("put", "sput", "get", "sget", "txn", "txn2", "mixed", "lock", "watch", "lease", "load")
+WORKLOADS = ("put", "sput", "get", "sget", "txn", "txn2", "mixed", "lock", "revoke", "watch",
+             "lease", "load")
 RPC_TIMEOUT = 10.0
 READ_KEYS = 1000
 

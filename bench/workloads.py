@@ -340,6 +340,21 @@ class Worker:
             ops.append(op)
         return lambda s, e: closed_loop(ops, s, e)
 
+    async def _w_revoke(self, spec: Spec) -> Runner:
+        ops: list[Op] = []
+        for gid, ep in self.clients(spec):
+            kv = self.kv(ep)
+            leases = rpc_pb2_grpc.LeaseStub(self.channel(ep))
+            key = f"bench/{spec.tag}/session/{gid}".encode()
+
+            async def op(kv: Any = kv, leases: Any = leases, key: bytes = key) -> None:
+                g = await leases.LeaseGrant(rpc_pb2.LeaseGrantRequest(TTL=60), timeout=RPC_TIMEOUT)
+                await kv.Put(rpc_pb2.PutRequest(key=key, value=b"up", lease=g.ID),
+                             timeout=RPC_TIMEOUT)
+                await leases.LeaseRevoke(rpc_pb2.LeaseRevokeRequest(ID=g.ID), timeout=RPC_TIMEOUT)
+            ops.append(op)
+        return lambda s, e: closed_loop(ops, s, e)
+
     async def _w_load(self, spec: Spec) -> Runner:
         value = random_value(spec.value_size)
         mine = share(spec.total, self.count, self.index)

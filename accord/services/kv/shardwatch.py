@@ -35,8 +35,9 @@ revision from several shards (a multi-shard Txn, a lease revoke) come in the Txn
 operation order, as one etcd gives them: the sub-watchers are *tagged* (their batches
 carry each event's sub-revision, which a multi-shard Txn's share sets to its operation's
 place in the whole Txn) and the merge sorts such a revision by sub-revision, then key (a
-DeleteRange's keys, as etcd deletes them). ``docs/txn.md``, "Watches over several shards". Without ``advance`` (a hub over shards nobody floors) the
-per-batch rules below apply.
+DeleteRange's keys, as etcd deletes them). ``docs/txn.md``, "Watches over several
+shards". Without ``advance`` (a hub over shards nobody floors) the per-batch rules below
+apply.
 
 Rules of a merged watcher (per-batch mode):
 

@@ -158,8 +158,8 @@ class Watcher:
                   and not (self.no_delete if c[1][VALUE] is None else self.no_put)]
         if not picked:
             return None
-        return WatchBatch(revision, [event_pb(k, rec, prev, self.prev_kv) for k, rec, prev in picked],
-                          subs=[rec[SUB] for _k, rec, _p in picked])
+        events = [event_pb(k, rec, prev, self.prev_kv) for k, rec, prev in picked]
+        return WatchBatch(revision, events, subs=[rec[SUB] for _k, rec, _p in picked])
 
     def _wants(self, rec: Rec) -> bool:
         return not (self.no_delete if rec[VALUE] is None else self.no_put)
