@@ -33,12 +33,18 @@ class Clocks:
     def __init__(self, wall_us: int = 1_700_000_000_000_000) -> None:
         self.wall = wall_us * 1000
         self.mono = 5_000_000_000
+        self.preempt_us = 0
+        self.armed = False
 
     def wall_ns(self) -> int:
         self.advance(1)
+        self.armed = self.preempt_us > 0
         return self.wall
 
     def mono_ns(self) -> int:
+        if self.armed:  # the process was preempted between a wall and this reading
+            self.advance(self.preempt_us)
+            self.preempt_us, self.armed = 0, False
         return self.mono
 
     def advance(self, us: int) -> None:
@@ -133,6 +139,18 @@ def test_slewing_and_idle_hours_are_not_steps() -> None:
     for _ in range(10):  # an hour idle, with the wall clock slewed at NTP's 500 ppm
         clocks.advance(360_000_000)
         clocks.step(180_000)
+        g.check()
+    assert g.steps == 0
+
+
+def test_a_process_preempted_between_two_clock_readings_sees_no_step() -> None:
+    clocks = Clocks()
+    g = guard_of(clocks)
+    for _ in range(5):
+        clocks.advance(1_000)
+        g.check()
+        clocks.advance(1_000)
+        clocks.preempt_us = 50_000  # 50 ms: a loaded host's run queue
         g.check()
     assert g.steps == 0
 

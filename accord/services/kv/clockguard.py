@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 STEP_US = 20_000
 """A wall-clock move this much beyond the monotonic clock's is a step (20 ms)."""
+PAIR_US = 1_000
+"""Two readings of the clocks further apart than this (a preemption) are read again."""
 RATE_PPM = 1_000
 """Allowed rate difference between the wall and monotonic clocks (NTP slews at most 500)."""
 SAMPLE_TTL_S = 30.0
@@ -94,7 +96,7 @@ class ClockGuard:
         self.wall_ns = wall_ns
         self._mono_ns = mono_ns
         self._samples: dict[int, ClockSample] = {}
-        self._anchor = (wall_ns() // 1000, mono_ns() // 1000)
+        self._anchor = self._reading() or (wall_ns() // 1000, mono_ns() // 1000)
         self._stepped_at: int | None = None
         """Monotonic µs of the last step seen; None once probes after it agreed."""
         self.steps = 0
@@ -109,6 +111,19 @@ class ClockGuard:
     def mono_us(self) -> int:
         """This member's monotonic clock in microseconds."""
         return self._mono_ns() // 1000
+
+    def _reading(self) -> tuple[int, int] | None:
+        """The wall and monotonic clocks read together (µs): the wall clock between two
+        monotonic readings at most ``PAIR_US`` apart (a process preempted between two
+        readings would otherwise look like a step); None if no such pair came in a few
+        tries (the step check is then left for the next stamp)."""
+        for _ in range(3):
+            before = self._mono_ns()
+            wall = self.wall_ns()
+            after = self._mono_ns()
+            if after - before <= PAIR_US * 1000:
+                return wall // 1000, (before + after) // 2000
+        return None
 
     # --- evidence ---------------------------------------------------------------------
     def observe(self, peer: int, sent_us: int, peer_us: int, received_us: int,
@@ -140,15 +155,18 @@ class ClockGuard:
 
     def reason(self) -> str | None:
         """Why this member's clock is not to be used now, or None if it may be."""
-        wall, mono = self.wall_ns() // 1000, self._mono_ns() // 1000
-        a_wall, a_mono = self._anchor
-        self._anchor = (wall, mono)
-        elapsed = max(0, mono - a_mono)
-        moved = (wall - a_wall) - elapsed
-        if abs(moved) > STEP_US + elapsed * RATE_PPM // 1_000_000:
-            self._stepped_at = mono
-            self.steps += 1
-            self.wanted = True
+        mono = self._mono_ns() // 1000
+        pair = self._reading()
+        if pair is not None:
+            wall, mono = pair
+            a_wall, a_mono = self._anchor
+            self._anchor = pair
+            elapsed = max(0, mono - a_mono)
+            moved = (wall - a_wall) - elapsed
+            if abs(moved) > STEP_US + elapsed * RATE_PPM // 1_000_000:
+                self._stepped_at = mono
+                self.steps += 1
+                self.wanted = True
         fresh = {p: s for p, s in self._samples.items()
                  if mono - s.at_mono_us <= SAMPLE_TTL_S * 1e6}
         n = max(self._cluster_size(), len(fresh) + 1)
