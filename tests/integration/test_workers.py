@@ -221,15 +221,20 @@ def test_what_the_workers_cannot_do_is_refused_naming_the_flag(cluster: ProcClus
         assert [x.value for x in got.kvs] == [b"keep"]  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("index, node", [(1, 1), (0, 2)])
 def test_a_worker_killed_9_is_restarted_and_the_cluster_keeps_serving(
-        cluster: ProcCluster) -> None:
-    victim = cluster.nodes[1]
+        cluster: ProcCluster, index: int, node: int) -> None:
+    """Worker 1 (KV shards only), then worker 0 of another node (shard 0, the meta group
+    and the feed its worker 1 follows, which reconnects to the restarted one)."""
+    victim = cluster.nodes[node]
     before = cluster.worker_pids(victim)
     assert sorted(before) == [0, 1]
-    mine = keys_of_worker(1, "/kill/k", 4)
+    other = 1 - index
+    mine = keys_of_worker(index, f"/kill{index}/k", 4)
+    prefix = f"/kill{index}/".encode()
     for k in mine:
         cluster.put(k, b"before")
-    os.kill(before[1], signal.SIGKILL)
+    os.kill(before[index], signal.SIGKILL)
     # The other members serve every key meanwhile (and so the cluster's writes go on).
     others = [n for n in cluster.nodes if n is not victim]
     for i, k in enumerate(mine):
@@ -237,12 +242,12 @@ def test_a_worker_killed_9_is_restarted_and_the_cluster_keeps_serving(
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         now = cluster.worker_pids(victim)
-        if 1 in now and now[1] != before[1]:
+        if index in now and now[index] != before[index]:
             break
         time.sleep(0.1)
     else:
-        raise AssertionError(f"worker 1 was not restarted; log:\n{cluster.log(victim)}")
-    assert now[0] == before[0]  # worker 0 went on serving
+        raise AssertionError(f"worker {index} was not restarted; log:\n{cluster.log(victim)}")
+    assert now[other] == before[other]  # the other worker went on serving
     assert victim.proc is not None and victim.proc.poll() is None
     # The restarted worker recovers its shards from its own log and catches up.
     deadline = time.monotonic() + 60
@@ -250,7 +255,7 @@ def test_a_worker_killed_9_is_restarted_and_the_cluster_keeps_serving(
         try:
             kv = fresh_kv(victim)
             got = {x.key: x.value for x in kv.Range(pb.RangeRequest(
-                key=b"/kill/", range_end=b"/kill0"), timeout=5).kvs}
+                key=prefix, range_end=prefix[:-1] + b"0"), timeout=5).kvs}
             if got == {k: f"during{i}".encode() for i, k in enumerate(mine)}:
                 break
         except grpc.RpcError as e:
@@ -262,6 +267,38 @@ def test_a_worker_killed_9_is_restarted_and_the_cluster_keeps_serving(
     for k in mine:
         cluster.put(k, b"after", via=[victim])
         assert cluster.get(victim, k) == b"after"
+    # Worker 1's copy of the meta state follows the restarted worker 0: an alarm raised
+    # now refuses the puts worker 1 owns, and clearing it lets them through again.
+    theirs = keys_of_worker(1, f"/alarm{index}/k", 1)[0]
+    def alarm(action: pb.AlarmRequest.AlarmAction) -> None:
+        stub = rpc_pb2_grpc.MaintenanceStub(victim.channel())
+        retry(stub.Alarm, pb.AlarmRequest(action=action, alarm=pb.NOSPACE))
+
+    alarm(pb.AlarmRequest.ACTIVATE)
+    try:
+        _until_put(victim, theirs, refused=True)
+    finally:
+        alarm(pb.AlarmRequest.DEACTIVATE)
+    _until_put(victim, theirs, refused=False)
+
+
+def _until_put(node: ProcNode, key: bytes, *, refused: bool) -> None:
+    """Until a put of ``key`` through ``node`` is refused for space (or goes through)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            fresh_kv(node).Put(pb.PutRequest(key=key, value=b"v"), timeout=5)
+            if not refused:
+                return
+            why = "went through"
+        except grpc.RpcError as e:
+            if refused and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                return
+            if e.code() not in RETRY and not refused:
+                raise
+            why = f"{e.code().name}: {e.details()}"
+        assert time.monotonic() < deadline, f"a put of {key!r} still {why}"
+        time.sleep(0.2)
 
 
 def test_a_data_directory_keeps_its_worker_count(tmp_path: Path,

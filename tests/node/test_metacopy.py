@@ -123,11 +123,74 @@ async def test_the_copy_waits_out_a_worker0_restart(tmp_path: Path) -> None:
         assert state(copy.machine) == {"a": "1", "b": "2"}
 
 
+async def test_a_copy_follows_across_the_logs_empty_entries(tmp_path: Path) -> None:
+    """The host applies only entries with a command: a new leader's empty entry (or a
+    configuration change) leaves a hole in the indexes the machine sees, which is no
+    skipped entry; the copy reaches the group's applied index all the same."""
+    w0 = Worker0(keep=100)
+    async with wired(tmp_path, w0) as (_, copy):
+        w0.apply("a", "1")
+        w0.applied += 2  # two empty entries (an election, a configuration change)
+        w0.apply("b", "2")
+        await asyncio.wait_for(copy.wait_applied(4), 10)
+        w0.applied += 1  # an empty entry, nothing after it
+        w0.apply("c", "3")
+        w0.applied += 3  # the copy's long poll ends with the group's applied index
+        await asyncio.wait_for(copy.wait_applied(9), 10)
+        assert state(copy.machine) == {"a": "1", "b": "2", "c": "3"}
+        assert copy.machine.indexes == [1, 4, 6]
+
+
+async def test_a_restarted_worker0_is_followed_from_its_own_log(tmp_path: Path) -> None:
+    """Worker 0 restarts as a new process (a new feed): replaying its log from the
+    start it sends what the copy lacks; restored from a snapshot first, it sends the
+    snapshot (its ring starts at a restore the copy did not see)."""
+    w0 = Worker0(keep=100)
+    sock = tmp_path / "worker-0.sock"
+    client = ForwardClient(sock)
+    copy = MetaCopy(Register(), client, wait_s=0.3, retry_s=0.05)
+    task = asyncio.ensure_future(copy.run())
+    server = ForwardServer(sock, {metacopy.METHOD: w0.feed.serve})
+    await server.start()
+    try:
+        for i in range(3):
+            w0.apply(f"k{i}", str(i))
+        await asyncio.wait_for(copy.wait_applied(3), 10)
+        await server.stop()
+        # A new worker 0 replays its log (entries 1..3), then applies entry 4.
+        again = Worker0(keep=100)
+        for i in range(3):
+            again.apply(f"k{i}", str(i))
+        again.apply("k3", "3")
+        server = ForwardServer(sock, {metacopy.METHOD: again.feed.serve})
+        await server.start()
+        await asyncio.wait_for(copy.wait_applied(4), 10)
+        assert state(copy.machine) == state(again.feed.machine)
+        assert copy.machine.indexes == [1, 2, 3, 4]
+        await server.stop()
+        # Another one restores a snapshot at 40 (entries 5..40 not in any ring here).
+        third = Worker0(keep=100)
+        third.feed.restore(msgpack.packb({"k0": "0", "k9": "9"}))
+        third.applied = 40
+        third.apply("k10", "10")
+        server = ForwardServer(sock, {metacopy.METHOD: third.feed.serve})
+        await server.start()
+        await asyncio.wait_for(copy.wait_applied(41), 10)
+        assert state(copy.machine) == {"k0": "0", "k9": "9", "k10": "10"}
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await client.close()
+        await server.stop()
+
+
 class LatestOnly(MetaFeed):
     """Broken variant: sends only the newest entry, whatever the copy has."""
 
-    def _entries_after(self, since: int) -> list[tuple[int, bytes]] | None:
-        got = super()._entries_after(since)
+    def _entries_after(self, since: int,
+                       epoch: int | None) -> list[tuple[int | None, int, bytes]] | None:
+        got = super()._entries_after(since, epoch)
         return got[-1:] if got else got
 
 
