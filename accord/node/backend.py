@@ -38,7 +38,7 @@ from accord.services.kv.backend import (
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.revorder import ORDER_GATE
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
-from accord.services.kv.xcommands import XLEASE_GATE, XTXN_GATE
+from accord.services.kv.xcommands import XDECIDE_GATE, XLEASE_GATE, XTXN_GATE
 
 if TYPE_CHECKING:
     from accord.node.parts import NodeParts
@@ -146,6 +146,12 @@ class ReplicatedBackend(StateMachineBackend):
     def multi_shard_leases(self) -> bool:
         """Whether every member applies the lease revoke across shards (the gate)."""
         return self.node.cluster.min_command_format() >= XLEASE_GATE
+
+    @property
+    def decided_commits(self) -> bool:
+        """Whether every member applies ``PREPARE_DECIDE`` and ``DECIDE``: the record
+        shard's prepare and decision in one entry (the gate)."""
+        return self.node.cluster.min_command_format() >= XDECIDE_GATE
 
     async def commit(self, command: bytes, shard: int = 0) -> Any:
         """Replicate ``command`` on ``shard``; the answer is what its apply returned."""

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from accord.proto import rpc_pb2 as pb
 from accord.services.kv import sharding, xcommands
 from accord.services.kv.backend import HeaderInfo, StateMachineBackend
+from accord.services.kv.errors import EtcdError
 from accord.services.kv.intents import ABORTED
 from accord.services.kv.revorder import RevisionOrder, tick_clock
 from accord.services.kv.statemachine import KVStateMachine
@@ -60,13 +61,15 @@ class Shards(StateMachineBackend):
 
 
 def hold_commits(b: Shards) -> asyncio.Event:
-    """Make every COMMIT of a multi-shard Txn wait until the returned event is set."""
+    """Make every COMMIT, DECIDE or PREPARE_DECIDE of a multi-shard Txn wait until the
+    returned event is set."""
     gate = asyncio.Event()
     real = b.commit
 
     async def slow_commit(command: bytes, shard: int = 0) -> Any:
-        if command[1:2] == bytes([xcommands.XFORMAT]) and xcommands.decode(command)[0] == \
-                xcommands.XKind.COMMIT:
+        if command[1:2] == bytes([xcommands.XFORMAT]) and xcommands.decode(command)[0] in \
+                (xcommands.XKind.COMMIT, xcommands.XKind.DECIDE,
+                 xcommands.XKind.PREPARE_DECIDE):
             await gate.wait()
         return await real(command, shard)
 
@@ -90,6 +93,12 @@ def spread_keys(n: int, shards: int = SHARDS) -> list[bytes]:
 
 
 KEYS = spread_keys(6)
+
+
+def _one_key_on_each(b: Shards, shards: tuple[int, ...]) -> list[bytes]:
+    """One plain key on each of ``shards``, in shard order."""
+    keys = spread_keys(40)
+    return [next(k for k in keys if b.shard_of(k) == s) for s in shards]
 
 
 def normalized(msg: Any) -> Any:
@@ -211,12 +220,15 @@ async def test_a_range_too_large_in_a_committed_txn_fails_the_call_not_the_answe
 
 async def test_a_write_and_a_read_that_meet_an_intent_wait_for_the_decision() -> None:
     b = Shards()
-    k1, k2 = KEYS[0], next(k for k in KEYS if b.shard_of(k) != b.shard_of(KEYS[0]))
+    # k0 on the record shard (which prepares and decides in one entry, after the others);
+    # k1 and k2 on participants that hold intents until the commit
+    k0, k1, k2 = _one_key_on_each(b, (0, 1, 2))
     gate = hold_commits(b)
-    t = asyncio.create_task(b.txn(pb.TxnRequest(success=[op_put(k1, b"1"), op_put(k2, b"2")])))
+    t = asyncio.create_task(b.txn(pb.TxnRequest(
+        success=[op_put(k0, b"0"), op_put(k1, b"1"), op_put(k2, b"2")])))
     for _ in range(50):
         await asyncio.sleep(0)
-    assert b.machines[b.shard_of(k1)].intents, "prepared: intents are open"
+    assert b.machines[1].intents and b.machines[2].intents, "prepared: intents are open"
     put = asyncio.create_task(b.put(pb.PutRequest(key=k1, value=b"after")))
     read = asyncio.create_task(b.range(pb.RangeRequest(key=k2)))
     for _ in range(50):
@@ -234,8 +246,7 @@ async def test_a_write_and_a_read_that_meet_an_intent_wait_for_the_decision() ->
 
 async def test_a_watch_on_a_shard_gets_revisions_in_order_around_a_retro_commit() -> None:
     b = Shards()
-    k1 = KEYS[0]
-    k2 = next(k for k in KEYS if b.shard_of(k) != b.shard_of(k1))
+    k2, k1 = _one_key_on_each(b, (0, 1))  # k1 on the participant that holds an intent
     other = next(k for k in spread_keys(40) if b.shard_of(k) == b.shard_of(k1) and k != k1)
     sm = b.machines[b.shard_of(k1)]
     w = sm.watch_hub.watch(b"\x00", b"\x00")
@@ -247,6 +258,7 @@ async def test_a_watch_on_a_shard_gets_revisions_in_order_around_a_retro_commit(
     assert w.poll() is None, "held back below the open intent"
     gate.set()
     resp = await t
+    await b.xcoord.drain()  # the participant's commit runs after the answer
     revs = []
     while (batch := w.poll()) is not None:
         revs.extend(ev.kv.mod_revision for ev in batch.events)
@@ -345,8 +357,8 @@ async def _bank(readers_ignore_intents: bool, ordered: bool = True) -> tuple[int
     if not ordered:
         b.order = None
     if readers_ignore_intents:  # the broken variant: reads do not wait for intents
-        async def ignore(shard: int, ranges: Any, rev: int) -> None:
-            return None
+        async def ignore(shard: int, ranges: Any, rev: int) -> int:
+            return 0
         b.wait_intents = ignore  # type: ignore[method-assign]
     accounts = [k for k in spread_keys(8)][:6]
     for k in accounts:
@@ -408,3 +420,220 @@ async def test_a_delete_range_over_shards_deletes_everything_at_one_revision() -
     after = await b.range(pb.RangeRequest(key=b"k", range_end=b"l", revision=rev))
     assert before.count == len(keys) and after.count == 0, "one revision on every shard"
     assert all(not m.intents for m in b.machines)
+
+
+# --- the revision decided on the record shard (DECIDE, docs/txn.md) ----------------------
+class _Ungated(Shards):
+    """A store where some member does not apply DECIDE yet (the gate is closed)."""
+
+    decided_commits = False
+
+
+def _ahead(b: Shards, shard: int, by_us: int) -> int:
+    """Floor ``shard`` ``by_us`` microseconds of stamps ahead of the clock, so that a Txn
+    stamped now reserves a higher revision there than on the others; returns the floor."""
+    floor = (b.order.now_us() + by_us) * b.shards if b.order else 0
+    b.machines[shard].apply(KVStateMachine.encode_floor(floor))
+    return floor
+
+
+async def test_participants_that_reserved_different_revisions_commit_at_one_without_reserve() -> None:
+    b = Shards()
+    keys = _one_key_on_each(b, (0, 1, 2))
+    for k in keys:
+        await b.put(pb.PutRequest(key=k, value=b"old"))
+    floors = [_ahead(b, 1, 500), _ahead(b, 2, 900)]
+    resp = await b.txn(_txn(keys, b"new"))
+    rev = resp.header.revision
+    assert resp.succeeded and rev > max(floors) and rev % SHARDS == 0, "the record's stripe"
+    assert b.xcoord.stats["reserve_rounds"] == 0, "no RESERVE round on the ordered path"
+    for k in keys:
+        (kv,) = (await b.range(pb.RangeRequest(key=k))).kvs
+        assert (kv.value, kv.mod_revision) == (b"new", rev)
+    assert all(m.revision >= rev for m in b.machines[:3]), "each participant moved up to it"
+    later = await b.put(pb.PutRequest(key=keys[2], value=b"later"))
+    assert later.header.revision > rev
+
+
+async def test_without_the_gate_participants_agree_through_reserve() -> None:
+    """Before every member applies DECIDE, the ordered path keeps the RESERVE rounds."""
+    b = _Ungated()
+    keys = _one_key_on_each(b, (0, 1, 2))
+    sent: list[int] = []
+    real = b.commit
+
+    async def spy(command: bytes, shard: int = 0) -> Any:
+        if command[1:2] == bytes([xcommands.XFORMAT]):
+            sent.append(xcommands.decode(command)[0])
+        return await real(command, shard)
+
+    b.commit = spy  # type: ignore[method-assign]
+    _ahead(b, 1, 500)
+    resp = await b.txn(_txn(keys, b"new"))
+    assert resp.succeeded and b.xcoord.stats["reserve_rounds"] == 1
+    assert xcommands.XKind.RESERVE in sent and xcommands.XKind.DECIDE not in sent
+    revs = {(await b.range(pb.RangeRequest(key=k))).kvs[0].mod_revision for k in keys}
+    assert revs == {resp.header.revision}
+
+
+async def _write_on_record_before_decide(broken: bool) -> tuple[int, int]:
+    """A Txn whose record shard, between its prepare and its decision, writes the very
+    revision the other participant reserved; returns (that write's revision, the Txn's)."""
+    b = Shards()
+    keys = _one_key_on_each(b, (0, 1))
+    other = next(k for k in spread_keys(40) if b.shard_of(k) == 0 and k not in keys)
+    b.machines[0].broken_decide_at_want = broken
+    _ahead(b, 1, 500)
+    wrote: list[int] = []
+    real = b.commit
+
+    async def meddle(command: bytes, shard: int = 0) -> Any:
+        if (command[1:2] == bytes([xcommands.XFORMAT]) and shard == 0 and not wrote
+                and xcommands.decode(command)[0] == xcommands.XKind.PREPARE_DECIDE):
+            want = xcommands.decode(command)[8]
+            put = KVStateMachine.encode_put(pb.PutRequest(key=other, value=b"x"),
+                                            min_revision=-(want - want % SHARDS))
+            wrote.append(b.machines[0].apply(put).header.revision)
+        return await real(command, shard)
+
+    b.commit = meddle  # type: ignore[method-assign]
+    resp = await b.txn(_txn(keys, b"new"))
+    assert resp.succeeded and wrote
+    return wrote[0], resp.header.revision
+
+
+async def test_the_decision_takes_a_revision_its_shard_has_not_written() -> None:
+    put_rev, txn_rev = await _write_on_record_before_decide(broken=False)
+    assert txn_rev > put_rev
+
+
+async def test_the_broken_decision_at_the_wanted_revision_is_caught() -> None:
+    put_rev, txn_rev = await _write_on_record_before_decide(broken=True)
+    assert txn_rev == put_rev, "the broken decision shares a revision with a Put"
+
+
+async def _crash_ahead(stall_after: int, broken: bool) -> tuple[set[bytes], set[int]]:
+    """The coordinator dies after ``stall_after`` proposals of a Txn whose participants
+    reserved different revisions, every shard restarts from its snapshot; returns the
+    values and mod revisions of its keys after the recovery pass (``broken``: resolvers
+    ignore the record's decided revision)."""
+    b = Shards()
+    keys = _one_key_on_each(b, (0, 1, 2))
+    for k in keys:
+        await b.put(pb.PutRequest(key=k, value=b"old"))
+    _ahead(b, 1, 500)
+    _ahead(b, 2, 900)
+    b.xcoord.broken_resolve_reserved = broken
+    b.stall_after = stall_after
+    t = asyncio.create_task(b.txn(_txn(keys, b"new")))
+    for _ in range(100):
+        await asyncio.sleep(0)
+    t.cancel()
+    await b.xcoord.close()
+    for m in b.machines:  # every shard restarts from its snapshot: records, intents
+        m.restore(m.snapshot())
+    b.stall_after = None
+    b.clock += TXN_TIMEOUT_MS + 1
+    await b.resolve_stale_intents()
+    assert all(not m.intents for m in b.machines), "every intent is resolved"
+    values, mods = set(), set()
+    for k in keys:
+        (kv,) = (await b.range(pb.RangeRequest(key=k))).kvs
+        values.add(kv.value)
+        mods.add(kv.mod_revision)
+    return values, mods
+
+
+@pytest.mark.parametrize("stall_after", range(0, 7))
+async def test_a_coordinator_dying_after_a_decision_at_a_new_revision_leaves_one_revision(
+        stall_after: int) -> None:
+    values, mods = await _crash_ahead(stall_after, broken=False)
+    assert len(values) == 1, f"partial commit after {stall_after} steps: {values}"
+    if values == {b"new"}:
+        assert len(mods) == 1, f"committed at several revisions: {mods}"
+
+
+async def test_the_broken_resolver_that_commits_at_the_reserved_revision_is_caught() -> None:
+    split = [s for s in range(0, 7) if len((await _crash_ahead(s, broken=True))[1]) > 1]
+    assert split, "resolving at each participant's own reserved revision must split the Txn"
+
+
+async def _read_after_the_answer(broken: bool) -> bytes:
+    """A Txn decided above the revision its other participant reserved is answered
+    while that participant's commit is still held; a multi-shard read of that key begun
+    after the answer (at a revision it chose, below the Txn's) returns the key's value."""
+    b = Shards()
+    b.broken_read_below_decided = broken
+    k0, k1, k2 = _one_key_on_each(b, (0, 1, 2))
+    for k in (k0, k1, k2):
+        await b.put(pb.PutRequest(key=k, value=b"old"))
+    _ahead(b, 0, 500)  # the record shard is ahead: the decision lands above shard 1's
+    gate = asyncio.Event()
+    real = b.commit
+
+    async def slow(command: bytes, shard: int = 0) -> Any:
+        if shard == 1 and command[1:2] == bytes([xcommands.XFORMAT]) and \
+                xcommands.decode(command)[0] == xcommands.XKind.DECIDE:
+            await gate.wait()
+        return await real(command, shard)
+
+    b.commit = slow  # type: ignore[method-assign]
+    resp = await b.txn(pb.TxnRequest(success=[op_put(k0, b"new"), op_put(k1, b"new")]))
+    assert resp.succeeded and b.machines[1].intents, "answered, shard 1's commit pending"
+    reserved = next(iter(b.machines[1].intents.intents.values())).rev
+    assert reserved < resp.header.revision
+    read = asyncio.create_task(b.txn(pb.TxnRequest(success=[op_get(k1), op_get(k2)])))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not read.done(), "the read waits for the intent"
+    gate.set()
+    got = await read
+    (kv,) = got.responses[0].response_range.kvs
+    return bytes(kv.value)
+
+
+async def test_a_read_that_waited_for_a_txn_decided_above_it_reads_again_there() -> None:
+    assert await _read_after_the_answer(broken=False) == b"new"
+
+
+async def test_the_broken_read_at_its_first_revision_is_caught() -> None:
+    assert await _read_after_the_answer(broken=True) == b"old", "misses an answered Txn"
+
+
+@pytest.mark.parametrize("missing_on", [0, 1])
+async def test_etcds_check_along_the_branch_fails_the_txn_on_either_shard(missing_on: int) -> None:
+    """A put with ignore_value of a missing key fails the Txn with etcd's error, whether
+    the key lies on the record shard (checked in its prepare-decide) or on the other
+    (checked in that prepare); nothing is written and no intent stays."""
+    b = Shards()
+    keys = _one_key_on_each(b, (0, 1))
+    present = keys[1 - missing_on]
+    await b.put(pb.PutRequest(key=present, value=b"old"))
+    req = pb.TxnRequest(success=[op_put(keys[missing_on], b"", ignore_value=True),
+                                 op_put(present, b"new")])
+    one = KVStateMachine()
+    one.apply(KVStateMachine.encode_put(pb.PutRequest(key=present, value=b"old")))
+    with pytest.raises(EtcdError) as want:
+        one.apply(KVStateMachine.encode_txn(req))
+    with pytest.raises(EtcdError) as got:
+        await b.txn(req)
+    assert got.value.message == want.value.message
+    assert all(not m.intents for m in b.machines)
+    (kv,) = (await b.range(pb.RangeRequest(key=present))).kvs
+    assert kv.value == b"old"
+    assert not (await b.range(pb.RangeRequest(key=keys[missing_on]))).kvs
+
+
+async def test_a_late_prepare_decide_after_recovery_aborted_the_record_is_refused() -> None:
+    b = Shards()
+    k0, k1 = _one_key_on_each(b, (0, 1))
+    sm = b.machines[0]
+    txn_id = 78
+    assert sm.apply(xcommands.encode_abort(txn_id, True, b.clock)).state == ABORTED
+    rev = sm.revision
+    req = pb.TxnRequest(success=[op_put(k0), op_put(k1)]).SerializeToString()
+    late = sm.apply(xcommands.encode_prepare_decide(
+        txn_id, -(rev + SHARDS), 0, SHARDS, b.clock + 5000, b.clock, req, rev + SHARDS,
+        [], {}, 0))
+    assert isinstance(late, xcommands.Prepared) and not late.ok and late.reason == "decided"
+    assert sm.revision == rev and not (await b.range(pb.RangeRequest(key=k0))).kvs

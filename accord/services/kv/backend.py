@@ -266,6 +266,10 @@ class StateMachineBackend(ABC):
         self.order = RevisionOrder(self.shards) if self.shards > 1 else None
         """Ordered stamps and commit-waits (``revorder.py``); None with one shard, whose
         revisions are etcd's own counter."""
+        self.broken_read_below_decided = False
+        """A deliberately broken variant for tests: a multi-shard read that waited for a
+        Txn decided above the revision it chose reads at that revision anyway (and misses
+        a Txn answered before it began). Never set outside tests."""
         self.broken_lease_own_revisions = False
         """A deliberately broken variant for tests: a lease revoke across shards decided
         on shard 0 and then deleted on each other shard at its own revision (``xlease``).
@@ -312,11 +316,30 @@ class StateMachineBackend(ABC):
                 await self.xcoord.wait_free(shard, (), txn_id=e.txn_id)
         raise errors.TIMEOUT
 
-    async def wait_intents(self, shard: int, ranges: Sequence[KeyRange], rev: int) -> None:
+    async def wait_intents(self, shard: int, ranges: Sequence[KeyRange], rev: int) -> int:
         """Before a linearizable read at ``rev`` on ``shard``: wait out the intents in its
-        way (no-op when the shard has none, the common case)."""
+        way (no-op when the shard has none, the common case); returns the highest
+        revision at which those it waited for committed here (``Coordinator.wait_free``)."""
         if self.machines[shard].intents.intents:
-            await self.xcoord.wait_free(shard, ranges, below=rev)
+            return await self.xcoord.wait_free(shard, ranges, below=rev)
+        return 0
+
+    async def _read_revision(
+        self, shards: Sequence[int], ranges: Sequence[KeyRange], rev: int, chosen: bool
+    ) -> int:
+        """The revision of a linearizable read over several shards: ``rev`` floored on
+        every shard and the intents in the way waited out. A read at a revision it chose
+        itself (``chosen``: the client gave none) that waited for a Txn which then
+        committed above ``rev`` reads again at that revision, so that it sees a Txn
+        answered before it began (``PREPARE_DECIDE`` may decide above a participant's
+        reserved revision); a read at the client's revision reads there."""
+        while True:
+            await self.floor(shards, rev)
+            met = await self._each(shards, lambda s, r=rev: self.wait_intents(s, ranges, r))
+            top = max(met)
+            if not chosen or top <= rev or self.broken_read_below_decided:
+                return rev
+            rev = top
 
     async def resolve_stale_intents(self) -> int:
         """The recovery pass over the shards this member leads (``docs/txn.md``)."""
@@ -447,9 +470,8 @@ class StateMachineBackend(ABC):
         rev = req.revision if req.revision > 0 else top
         if rev > top:
             raise errors.FUTURE_REV
-        await self.floor(shards, rev)
         kr = [KeyRange.of(req.key, req.range_end)]
-        await self._each(shards, lambda s: self.wait_intents(s, kr, rev))
+        rev = await self._read_revision(shards, kr, rev, req.revision <= 0)
         sub = fanout.per_shard_request(req, rev)
         parts = [self.machines[s].range(sub) for s in shards]
         await self.settle(rev)
@@ -494,6 +516,14 @@ class StateMachineBackend(ABC):
     def multi_shard_leases(self) -> bool:
         """Whether a lease revoke may run across shards at one revision (a replicated
         backend: once every member applies its command, ``xcommands.XLEASE_GATE``)."""
+        return True
+
+    @property
+    def decided_commits(self) -> bool:
+        """Whether a multi-shard Txn with ordered stamps may prepare and decide on its
+        record shard in one entry (``PREPARE_DECIDE``, its revision taken there) instead
+        of ``RESERVE`` rounds (a replicated backend: once every member applies it,
+        ``xcommands.XDECIDE_GATE``)."""
         return True
 
     async def _multi_shard_txn(
@@ -597,9 +627,8 @@ class StateMachineBackend(ABC):
         etcd gives a read-only Txn none)."""
         await self._each(shards, self.read_barrier)
         rev = max(self.machines[s].revision for s in shards)
-        await self.floor(shards, rev)
         ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
-        await self._each(shards, lambda s: self.wait_intents(s, ranges, rev))
+        rev = await self._read_revision(shards, ranges, rev, True)
         shares = [self.machines[s].read_share(req, rev) for s in shards]
         path = xtxn.path_of(req, xtxn.combine(req, [c for c, _read in shares]))
         err = xtxn.first_error(req, path, {}, rev + 1,

@@ -91,17 +91,24 @@ class Record:
     rev: int
     deadline_ms: int
     path: tuple[bool, ...] = ()
+    commit_rev: int = 0
+    """The revision the decision took (a ``PREPARE_DECIDE``: every other participant
+    commits there, resolvers read it here); 0: each participant commits at the revision
+    it reserved, which ``RESERVE`` rounds made one (``xcommands.py``)."""
 
     def dump(self) -> list[Any]:
         """A msgpack-able image."""
-        return [self.txn_id, self.state, self.rev, self.deadline_ms, list(self.path)]
+        row = [self.txn_id, self.state, self.rev, self.deadline_ms, list(self.path)]
+        if self.commit_rev:  # only then: an image without it stays readable by older code
+            row.append(self.commit_rev)
+        return row
 
     @classmethod
     def load(cls, row: Any) -> Record:
         """Rebuild from :meth:`dump`'s image."""
-        txn_id, state, rev, deadline, path = row
+        txn_id, state, rev, deadline, path = row[:5]
         return cls(int(txn_id), int(state), int(rev), int(deadline),
-                   tuple(bool(p) for p in path))
+                   tuple(bool(p) for p in path), int(row[5]) if len(row) > 5 else 0)
 
 
 class IntentTable:

@@ -53,6 +53,8 @@ from accord.services.kv.watchhub import Change, WatchHub
 SNAPSHOT_FORMAT = 1
 COMPACT_FORMAT = 2
 """The format number of the compact command forms (see the module docstring)."""
+SETTLED_KEPT = 4096
+"""How many resolved intents a shard remembers the commit revision of (``settled_at``)."""
 _PREV_KV, _IGNORE_VALUE, _IGNORE_LEASE = 1, 2, 4
 
 
@@ -90,6 +92,16 @@ class KVStateMachine:
         """A deliberately broken variant for tests: a Put attaching a key to a lease
         whose revoke across shards is in progress is not held back (the key then
         outlives the lease). Never set outside tests."""
+        self.settled_at: dict[int, int] = {}
+        """Where the intents resolved here lately went: txn id -> the revision its
+        commit took on this shard (0: aborted). Local and bounded (the latest
+        :data:`SETTLED_KEPT`), not replicated state: a reader that waited for an intent
+        learns from it whether the Txn landed above the revision it reads at
+        (``Coordinator.wait_free``)."""
+        self.broken_decide_at_want = False
+        """A deliberately broken variant for tests: a ``PREPARE_DECIDE`` takes the highest
+        revision the other participants reserved as it is, even when this shard has
+        written it since (two writes then share a revision). Never set outside tests."""
 
     def set_stripe(self, stripe: tuple[int, int]) -> None:
         """Place this shard in an ``(shards, index)`` store (before it applies anything
@@ -533,10 +545,17 @@ class KVStateMachine:
             return self._x_prepare(txn_id, *body[2:])
         if kind == xcommands.XKind.COMMIT:
             return self._x_commit(txn_id, *body[2:])
+        if kind == xcommands.XKind.DECIDE:
+            if type(body[6]) is not int or body[6] <= 0:
+                raise errors.bad_request("malformed KV command: bad decided revision")
+            path, shard, shards, now_ms, at = body[2:]
+            return self._x_commit(txn_id, path, shard, shards, now_ms, at)
         if kind == xcommands.XKind.RESERVE:
             return self._x_reserve(txn_id, *body[2:])
         if kind == xcommands.XKind.LEASE:
             return self._x_prepare_lease(txn_id, *body[2:])
+        if kind == xcommands.XKind.PREPARE_DECIDE:
+            return self._x_prepare_decide(txn_id, *body[2:])
         return self._x_abort(txn_id, *body[2:])
 
     def _x_prepare(
@@ -576,6 +595,53 @@ class KVStateMachine:
         store.raise_floor(rev)
         self.watch_hub.held_from = x.lowest_rev()
         return answer
+
+    def _x_prepare_decide(
+        self, txn_id: int, stamp: int, record: int, shards: int, deadline_ms: int,
+        now_ms: int, request: bytes, want: int, compares: Any, checks: Any,
+        compact_rev: int,
+    ) -> xcommands.Prepared | xcommands.Committed:
+        """The record shard's prepare and decision in one entry, once the other
+        participants prepared (``xcommands.PREPARE_DECIDE``): refused (a ``Prepared``)
+        on a record already there, a conflict, or etcd's error along the branch taken;
+        else the record COMMITTED at the lowest revision of this shard's stripe at or
+        above ``want`` and above its own, and this shard's share written there."""
+        if not (type(stamp) is int and stamp < 0 and type(want) is int and want > 0
+                and type(compact_rev) is int and type(request) is bytes):
+            raise errors.bad_request("malformed KV command: bad prepare-decide fields")
+        store, x = self._store, self._x
+        x.expire_records(now_ms)
+        rec = x.records.get(txn_id)
+        if rec is not None:  # a resolver's tombstone came first (or this entry again)
+            return xcommands.Prepared(False, "decided", store.rev)
+        req = _parse(rpc_pb2.TxnRequest, request)
+        ranges = xtxn.intent_ranges(req, record, shards, sharding.shards_of_range)
+
+        def owns(key: bytes) -> bool:
+            return sharding.shard_of(key, shards) == record
+
+        if x.intents and (x.blocking_any(ranges) is not None
+                          or x.revoking(xtxn.put_leases(req, owns)) is not None):
+            return xcommands.Prepared(False, "conflict", store.rev)
+        own = xtxn.partial_compares(store, req, store.rev)
+        others = [[(bool(f), bool(k)) for f, k in row] for row in compares]
+        path = xtxn.path_of(req, xtxn.combine(req, [own, others] if others else [own]))
+        found = {int(o): str(m) for o, m in checks}
+        found.update(xtxn.put_checks(self._exec, req, owns))
+        rev = want if self.broken_decide_at_want else store.striped(max(want, -stamp), record)
+        err = xtxn.first_error(req, path, found, rev, max(compact_rev, store.compact_rev))
+        if err is not None:
+            return xcommands.Prepared(False, "invalid", store.rev, error=err)
+        x.records[txn_id] = Record(txn_id, COMMITTED, rev, deadline_ms, tuple(path), rev)
+        wt = self._store.begin_at(rev)
+        try:
+            resp, error = xtxn.run_share(self._exec, wt, req, path, owns)
+        except BaseException:
+            wt.rollback()
+            raise
+        self._commit(wt)
+        store.raise_floor(rev)
+        return xcommands.Committed(resp, xcommands.Decision(COMMITTED, tuple(path), rev), error)
 
     def _x_prepare_lease(
         self, txn_id: int, lease_id: int, rev: int, shard: int, deadline_ms: int,
@@ -630,6 +696,7 @@ class KVStateMachine:
             raise
         del self._x.intents[intent.txn_id]
         self._commit_at(wt)
+        self._settled(intent.txn_id, intent.rev)
         if lease_id in self._leases.leases:
             self._leases.remove(lease_id)
         self._release()
@@ -654,11 +721,21 @@ class KVStateMachine:
         return xcommands.Prepared(True, "", rev)
 
     def _x_commit(
-        self, txn_id: int, path: tuple[bool, ...], shard: int, shards: int, now_ms: int
+        self, txn_id: int, path: tuple[bool, ...], shard: int, shards: int, now_ms: int,
+        at: int = 0,
     ) -> xcommands.Committed:
+        """A COMMIT (``at`` 0: at the reserved revision) or a DECIDE (``at``: the revision
+        the record shard decided, on a participant other than it) of ``txn_id``."""
         x = self._x
         decision = None
         intent = x.intents.get(txn_id)
+        rev = intent.rev if intent is not None else 0
+        if at and intent is not None and intent.record != shard:
+            if at < intent.rev or at % shards != intent.record % shards:
+                raise errors.bad_request(
+                    f"malformed KV command: decided revision {at} is below this shard's "
+                    f"reserved {intent.rev} or outside the record shard's stripe")
+            rev = at
         if (intent is not None and intent.record == shard) or txn_id in x.records:
             rec = x.records.get(txn_id)
             if rec is None or rec.state == ABORTED:
@@ -671,9 +748,14 @@ class KVStateMachine:
                 self._release()
                 return xcommands.Committed(None, xcommands.Decision(ABORTED))
             if rec.state == PENDING:
+                if at:  # the record shard decides in PREPARE_DECIDE or COMMIT, never here
+                    raise errors.bad_request(
+                        "malformed KV command: a DECIDE on a pending record")
                 rec.state, rec.path = COMMITTED, tuple(path)
-            decision = xcommands.Decision(rec.state, rec.path)
+            decision = xcommands.Decision(rec.state, rec.path, rec.commit_rev)
             path = rec.path
+            if rec.commit_rev:
+                rev = rec.commit_rev
         if intent is None:
             return xcommands.Committed(None, decision)
         if intent.revoke:
@@ -683,7 +765,7 @@ class KVStateMachine:
         def owns(key: bytes) -> bool:
             return sharding.shard_of(key, shards) == shard
 
-        wt = self._store.begin_at(intent.rev)
+        wt = self._store.begin_at(rev)
         try:
             resp, error = xtxn.run_share(self._exec, wt, req, path, owns)
         except BaseException:
@@ -691,6 +773,8 @@ class KVStateMachine:
             raise
         del x.intents[txn_id]
         self._commit_at(wt)
+        self._store.raise_floor(rev)  # a decided revision above this shard's: move up to it
+        self._settled(txn_id, rev)
         self._release()
         return xcommands.Committed(resp, decision, error)
 
@@ -718,11 +802,18 @@ class KVStateMachine:
             elif rec.state == PENDING:
                 rec.state = ABORTED
             if rec.state == COMMITTED:
-                return xcommands.Decision(COMMITTED, rec.path)
+                return xcommands.Decision(COMMITTED, rec.path, rec.commit_rev)
         if intent is not None:
             del x.intents[txn_id]
+            self._settled(txn_id, 0)
             self._release()
         return xcommands.Decision(ABORTED)
+
+    def _settled(self, txn_id: int, rev: int) -> None:
+        settled = self.settled_at
+        settled[txn_id] = rev
+        if len(settled) > SETTLED_KEPT:
+            del settled[next(iter(settled))]
 
     def _revoke(self, ids: list[int], min_revision: int) -> None:
         """Delete every key of the given leases in one revision, then forget the leases."""

@@ -16,7 +16,21 @@
   the prepare of a lease revoke (``expire``: an expiry) over every shard, record on shard
   0: an intent holding the lease's keys on this shard *and the lease id* (a Put attaching
   a key to it waits), reserving ``rev``; then ``COMMIT`` (path ``[]``) deletes those keys
-  at that revision and forgets the lease, ``ABORT`` drops the intent (``xlease.py``).
+  at that revision and forgets the lease, ``ABORT`` drops the intent (``xlease.py``);
+* ``DECIDE``: ``[3, 6, txn_id, path, shard, shards, now_ms, rev]``: ``COMMIT`` on a
+  participant other than the record shard at ``rev``, the revision the record shard's
+  ``PREPARE_DECIDE`` took (ordered stamps only, :data:`XDECIDE_GATE`): at or above the
+  one it reserved, in the record shard's stripe, which no other shard writes
+  (``docs/txn.md``);
+* ``PREPARE_DECIDE``: ``[3, 7, txn_id, stamp, record, shards, deadline_ms, now_ms,
+  request, want, compares, checks, compact_rev]``: the record shard's prepare and
+  decision in one entry, once every other participant prepared (ordered stamps only,
+  :data:`XDECIDE_GATE`): refused on a conflict like a ``PREPARE``, else its own compares
+  and put checks joined with the others' (``compares``: theirs folded into one,
+  ``checks``: ``[[op, message], ...]``, ``compact_rev``: their highest), the branch taken,
+  etcd's checks along it, and if they pass the record COMMITTED at the lowest revision of
+  its stripe >= ``want`` (the others' highest reserved) and above its own, with its
+  share of the writes there; no intent on the record shard.
 """
 
 from __future__ import annotations
@@ -39,6 +53,10 @@ XLEASE_GATE = 6
 """The format a member advertises once it applies the ``LEASE`` command (a lease revoke
 at one revision across shards); until every member does, a revoke takes the older path
 (shard 0 first, then each other shard at its own revision)."""
+XDECIDE_GATE = 7
+"""The format a member advertises once it applies ``PREPARE_DECIDE`` and ``DECIDE``; until
+every member does, a multi-shard Txn with ordered stamps prepares every participant, agrees
+on its revision through ``RESERVE`` rounds and decides with ``COMMIT``."""
 
 
 class XKind(IntEnum):
@@ -49,6 +67,8 @@ class XKind(IntEnum):
     ABORT = 3
     RESERVE = 4
     LEASE = 5
+    DECIDE = 6
+    PREPARE_DECIDE = 7
 
 
 def _pack(body: list[Any]) -> bytes:
@@ -68,6 +88,26 @@ def encode_prepare(
 def encode_commit(txn_id: int, path: list[bool], shard: int, shards: int, now_ms: int) -> bytes:
     """A COMMIT of the branch ``path`` on ``shard``."""
     return _pack([XFORMAT, XKind.COMMIT.value, txn_id, list(path), shard, shards, now_ms])
+
+
+def encode_decide(txn_id: int, path: list[bool], shard: int, shards: int, now_ms: int,
+                  rev: int) -> bytes:
+    """A DECIDE of the branch ``path`` on ``shard``: on the record shard the decision at a
+    revision >= ``rev`` of its stripe, elsewhere the commit at the decided ``rev``."""
+    return _pack([XFORMAT, XKind.DECIDE.value, txn_id, list(path), shard, shards, now_ms,
+                  rev])
+
+
+def encode_prepare_decide(
+    txn_id: int, stamp: int, record: int, shards: int, deadline_ms: int, now_ms: int,
+    request: bytes, want: int, compares: list[list[tuple[bool, bool]]],
+    checks: dict[int, str], compact_rev: int,
+) -> bytes:
+    """The record shard's PREPARE_DECIDE of ``request`` after the others prepared."""
+    return _pack([XFORMAT, XKind.PREPARE_DECIDE.value, txn_id, stamp, record, shards,
+                  deadline_ms, now_ms, request, want,
+                  [[list(c) for c in row] for row in compares],
+                  [[o, m] for o, m in sorted(checks.items())], compact_rev])
 
 
 def encode_abort(txn_id: int, is_record: bool, now_ms: int) -> bytes:
@@ -96,7 +136,7 @@ def decode(command: bytes) -> tuple[Any, ...]:
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise errors.bad_request(f"malformed KV command: {exc}") from exc
     sizes = {XKind.PREPARE: 10, XKind.COMMIT: 7, XKind.ABORT: 5, XKind.RESERVE: 4,
-             XKind.LEASE: 10}
+             XKind.LEASE: 10, XKind.DECIDE: 8, XKind.PREPARE_DECIDE: 13}
     if type(body) is not tuple or len(body) < 3 or body[0] != XFORMAT:
         raise errors.bad_request("malformed KV command: not a format-3 command")
     kind = body[1]
@@ -119,6 +159,9 @@ class Prepared:
     compares: list[list[tuple[bool, bool]]] = field(default_factory=list)
     checks: dict[int, str] = field(default_factory=dict)
     compact_rev: int = 0
+    error: errors.EtcdError | None = None
+    """A refused PREPARE_DECIDE (``reason`` ``invalid``): etcd's error along the taken
+    branch, for the client."""
 
 
 @dataclass(slots=True)
@@ -127,6 +170,10 @@ class Decision:
 
     state: int
     path: tuple[bool, ...] = ()
+    rev: int = 0
+    """The revision the record shard decided (a ``PREPARE_DECIDE``: the others commit
+    there with ``DECIDE``); 0: every participant commits at the revision it reserved (a
+    ``COMMIT`` after ``RESERVE`` agreement)."""
 
 
 @dataclass(slots=True)

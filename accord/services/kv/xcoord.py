@@ -65,6 +65,11 @@ class Participants(Protocol):
     async def settle(self, revision: int) -> None:
         """The commit-wait before answering at ``revision``."""
 
+    @property
+    def decided_commits(self) -> bool:
+        """Whether every member applies ``PREPARE_DECIDE`` and ``DECIDE``
+        (``xcommands.XDECIDE_GATE``)."""
+
 
 class Coordinator:
     """Multi-shard Txns over a backend's shards."""
@@ -76,7 +81,13 @@ class Coordinator:
         """A deliberately broken variant for tests: the participants apply their writes
         before the record shard's decision, so a coordinator dying in between leaves a
         partial commit that recovery then aborts on the record. Never set outside tests."""
-        self.stats = {"committed": 0, "aborted": 0, "retries": 0, "resolved": 0}
+        self.broken_resolve_reserved = False
+        """A deliberately broken variant for tests: a resolver commits a Txn decided by
+        ``PREPARE_DECIDE`` on each participant at the revision that participant reserved,
+        not at the one the record holds (its keys then land at several revisions). Never
+        set outside tests."""
+        self.stats = {"committed": 0, "aborted": 0, "retries": 0, "resolved": 0,
+                      "reserve_rounds": 0}
         self._finishing: set[asyncio.Task[None]] = set()
         """Commits on the other participants still running after the answer (owned:
         :meth:`close` cancels and awaits them; recovery finishes what they leave)."""
@@ -101,9 +112,16 @@ class Coordinator:
 
     # --- the coordinator ------------------------------------------------------------------
     async def txn(self, req: rpc_pb2.TxnRequest, touched: Sequence[int]) -> rpc_pb2.TxnResponse:
-        """Run ``req`` atomically over the shards ``touched`` (two or more)."""
+        """Run ``req`` atomically over the shards ``touched`` (two or more).
+
+        With ordered stamps (once every member applies format 7) the participants other
+        than the record shard prepare, then the record shard prepares and decides in one
+        entry (``PREPARE_DECIDE``) at a revision of its stripe at or above theirs: two
+        rounds, no ``RESERVE``. Else every participant prepares, ``RESERVE`` rounds bring
+        them to one revision, and the record shard decides (``COMMIT``)."""
         shards = sorted(set(touched))
         record, n = shards[0], self.parts.shards
+        others = shards[1:]
         request = req.SerializeToString()
         machines = self.parts.machines
         floor = 0
@@ -115,65 +133,93 @@ class Coordinator:
             stamp = self.parts.stamp()
             if stamp:  # ordered: the record shard's stripe, at or above the stamp and floor
                 rev = -max(-stamp, floor)
+            folded = bool(stamp) and self.parts.decided_commits
             now = self._now()
             deadline = now + TXN_TIMEOUT_MS
+            first_round = others if folded else shards
             answers = await asyncio.gather(
                 *(self.parts.commit(xcommands.encode_prepare(
-                    txn_id, rev, record, s, n, deadline, now, request), s) for s in shards),
+                    txn_id, rev, record, s, n, deadline, now, request), s)
+                  for s in first_round),
                 return_exceptions=True,
             )
             failure = next((a for a in answers if isinstance(a, BaseException)), None)
             prepared = [a for a in answers if isinstance(a, xcommands.Prepared)]
-            if failure is not None or len(prepared) != len(shards) or not all(
+            if failure is not None or len(prepared) != len(first_round) or not all(
                     a.ok for a in prepared):
                 await self._abort(txn_id, shards)
                 self.stats["retries"] += 1
                 if failure is not None:
                     raise failure
                 if any(a.reason == "conflict" for a in prepared):
-                    ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
-                    await asyncio.gather(*(self.wait_free(s, ranges) for s in shards))
-                    await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))
+                    await self._wait_out(req, shards, attempt)
                 if loop.time() > give_up:
                     break
                 continue
-            settled = await self.settle_revision(txn_id, shards, prepared, bool(stamp))
-            if settled is None:
-                floor = max(a.rev for a in prepared) + 1
-                continue
-            rev = settled
-            await self._stop_at("after-prepare", req)
-            path = xtxn.path_of(req, xtxn.combine(req, [a.compares for a in prepared]))
-            checks: dict[int, str] = {}
-            for a in prepared:
-                checks.update(a.checks)
-            err = xtxn.first_error(req, path, checks, rev, max(a.compact_rev for a in prepared))
-            if err is not None:
-                await self._abort(txn_id, shards)
-                raise err
-            others = shards[1:]
-            if self.broken_resolve_first:
-                # The broken variant: the participants' writes land before the decision.
-                await asyncio.gather(*(self.parts.commit(
-                    xcommands.encode_commit(txn_id, path, s, n, now), s) for s in others))
-            first = await self.parts.commit(
-                xcommands.encode_commit(txn_id, path, record, n, now), record)
-            if first.decision is None or first.decision.state != COMMITTED:
-                # A resolver aborted the record first (this member was too slow).
-                await self._abort(txn_id, shards)
-                self.stats["retries"] += 1
-                continue
+            if folded:
+                want = max(a.rev for a in prepared)
+                await self._stop_at("after-prepare", req)
+                if self.broken_resolve_first:
+                    # The broken variant: the participants' writes land before the decision
+                    # (along the branch their own compares point to).
+                    guess = xtxn.path_of(req, xtxn.combine(req, [a.compares for a in prepared]))
+                    await asyncio.gather(*(self.parts.commit(
+                        _commit(txn_id, guess, s, n, now, want), s) for s in others))
+                checks: dict[int, str] = {}
+                for a in prepared:
+                    checks.update(a.checks)
+                first = await self.parts.commit(xcommands.encode_prepare_decide(
+                    txn_id, rev, record, n, deadline, now, request, want,
+                    xtxn.fold_partials([a.compares for a in prepared]), checks,
+                    max(a.compact_rev for a in prepared)), record)
+                if isinstance(first, xcommands.Prepared):  # refused: nothing decided
+                    await self._abort(txn_id, shards)
+                    if first.error is not None:
+                        raise first.error
+                    self.stats["retries"] += 1
+                    if first.reason == "conflict":
+                        await self._wait_out(req, [record], attempt)
+                    if loop.time() > give_up:
+                        break
+                    continue
+                if first.decision is None or first.decision.state != COMMITTED:
+                    raise AssertionError(f"txn {txn_id}: a prepare-decide answered no commit")
+                path = list(first.decision.path)
+                at = rev = first.decision.rev
+            else:
+                settled = await self.settle_revision(txn_id, shards, prepared, bool(stamp))
+                if settled is None:
+                    floor = max(a.rev for a in prepared) + 1
+                    continue
+                rev, at = settled, 0
+                await self._stop_at("after-prepare", req)
+                path = xtxn.path_of(req, xtxn.combine(req, [a.compares for a in prepared]))
+                checks = {}
+                for a in prepared:
+                    checks.update(a.checks)
+                err = xtxn.first_error(req, path, checks, rev,
+                                       max(a.compact_rev for a in prepared))
+                if err is not None:
+                    await self._abort(txn_id, shards)
+                    raise err
+                if self.broken_resolve_first:
+                    # The broken variant: the participants' writes land before the decision.
+                    await asyncio.gather(*(self.parts.commit(
+                        _commit(txn_id, path, s, n, now, 0), s) for s in others))
+                first = await self.parts.commit(
+                    _commit(txn_id, path, record, n, now, 0), record)
+                if first.decision is None or first.decision.state != COMMITTED:
+                    # A resolver aborted the record first (this member was too slow).
+                    await self._abort(txn_id, shards)
+                    self.stats["retries"] += 1
+                    continue
             await self._stop_at("after-decision", req)
-            if self.broken_resolve_first:
-                others = []
-            if others and not _needs_others(req, path, record, n):
+            rest_of = [] if self.broken_resolve_first else others
+            if rest_of and not _needs_others(req, path, record, n):
                 # The answer holds nothing but the revision from the other shards: give
                 # it now (the decision is durable) and finish them in the background; a
                 # read or write that meets their intents meanwhile waits for the commit.
-                task = asyncio.create_task(self._finish(txn_id, path, others, now),
-                                           name=f"xtxn-finish-{txn_id:x}")
-                self._finishing.add(task)
-                task.add_done_callback(self._finishing.discard)
+                self.finish_later(txn_id, path, rest_of, now, at)
                 self.stats["committed"] += 1
                 if first.error is not None:
                     raise first.error
@@ -182,11 +228,11 @@ class Coordinator:
                 return xtxn.merge(req, path, parts0, rev, self.limits,
                                   lambda k: sharding.shard_of(k, n))
             rest = await asyncio.gather(*(self.parts.commit(
-                xcommands.encode_commit(txn_id, path, s, n, now), s) for s in others))
+                _commit(txn_id, path, s, n, now, at), s) for s in rest_of))
             parts: dict[int, rpc_pb2.TxnResponse] = {}
             if first.response is not None:
                 parts[record] = first.response
-            for s, r in zip(others, rest, strict=True):
+            for s, r in zip(rest_of, rest, strict=True):
                 if r.response is not None:
                     parts[s] = r.response
             self.stats["committed"] += 1
@@ -202,21 +248,31 @@ class Coordinator:
             "keys and gave up; retry it",
         )
 
+    async def _wait_out(self, req: rpc_pb2.TxnRequest, shards: Sequence[int],
+                        attempt: int) -> None:
+        """After a conflict: wait until no intent holds the Txn's keys on ``shards``, then
+        a short random backoff (nobody waits while holding, so no deadlock)."""
+        ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
+        await asyncio.gather(*(self.wait_free(s, ranges) for s in shards))
+        await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))
+
     async def _finish(self, txn_id: int, path: list[bool], others: Sequence[int],
-                      now: int) -> None:
-        """Commit a decided Txn on the participants other than the record shard."""
+                      now: int, at: int = 0) -> None:
+        """Commit a decided Txn on the participants other than the record shard (at the
+        decided revision ``at``, or 0: at the one each reserved)."""
         try:
-            await asyncio.gather(*(self.parts.commit(xcommands.encode_commit(
-                txn_id, path, s, self.parts.shards, now), s) for s in others))
+            await asyncio.gather(*(self.parts.commit(_commit(
+                txn_id, path, s, self.parts.shards, now, at), s) for s in others))
         except EtcdError:
             pass  # the intents stay until a reader or the recovery pass resolves them
 
     def finish_later(self, txn_id: int, path: list[bool], others: Sequence[int],
-                     now: int) -> None:
+                     now: int, at: int = 0) -> None:
         """Commit a decided transaction on ``others`` in a task this coordinator owns
         (:meth:`drain`, :meth:`close`), once its answer needs nothing from them: a reader
-        or a writer meeting their intents meanwhile waits for the commit."""
-        task = asyncio.create_task(self._finish(txn_id, path, others, now),
+        or a writer meeting their intents meanwhile waits for the commit (``at``: the
+        revision decided, or 0: at the one each reserved)."""
+        task = asyncio.create_task(self._finish(txn_id, path, others, now, at),
                                    name=f"xtxn-finish-{txn_id:x}")
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
@@ -242,6 +298,8 @@ class Coordinator:
         not agree: the transaction is then aborted (counted as a retry) and is to be
         prepared again above the highest revision met."""
         want = max(a.rev for a in prepared)
+        if any(a.rev != want for a in prepared):
+            self.stats["reserve_rounds"] += 1
         if any(a.rev != want for a in prepared) and not await self._agree(
                 txn_id, shards, prepared, want, ordered):
             await self._abort(txn_id, shards)
@@ -287,25 +345,31 @@ class Coordinator:
     async def wait_free(
         self, shard: int, ranges: Sequence[KeyRange], *, txn_id: int = 0,
         below: int | None = None, timeout_s: float = WAIT_TIMEOUT_S,
-    ) -> None:
+    ) -> int:
         """Return once no open intent on ``shard`` (this member's replica) overlaps
         ``ranges`` (or is ``txn_id``'s), or, with ``below``, none of them reserved a
-        revision at or below it; resolve those past their deadline."""
+        revision at or below it; resolve those past their deadline.
+
+        Returns the highest revision at which the intents it waited for committed on
+        this shard (0: none waited for, or all aborted). A Txn decided by
+        ``PREPARE_DECIDE`` may commit above the revision its intent reserved here, so a read at a revision
+        of its own choosing that waited must read again at least there (real-time
+        order: the Txn may have been answered before the read began)."""
         sm = self.parts.machines[shard]
         loop = asyncio.get_running_loop()
         give_up = loop.time() + timeout_s
         pause = 0.0005
+        waited: set[int] = set()
         while True:
             table = sm.intents
-            if not table:
-                return
             found = [
                 i for i in table.intents.values()
                 if (i.txn_id == txn_id or any(i.overlaps(kr) for kr in ranges))
                 and (below is None or i.rev <= below)
-            ]
+            ] if table else []
             if not found:
-                return
+                return max((sm.settled_at.get(t, sm.revision) for t in waited), default=0)
+            waited.update(i.txn_id for i in found)
             now = self._now()
             stale = [i for i in found if i.deadline_ms < now]
             for intent in stale:
@@ -330,8 +394,9 @@ class Coordinator:
         if shard == intent.record:
             return  # the record's own intent went with the decision
         if decision.state == COMMITTED:
-            await self.parts.commit(xcommands.encode_commit(
-                intent.txn_id, list(decision.path), shard, self.parts.shards, now), shard)
+            at = 0 if self.broken_resolve_reserved else decision.rev
+            await self.parts.commit(_commit(
+                intent.txn_id, list(decision.path), shard, self.parts.shards, now, at), shard)
         else:
             await self.parts.commit(xcommands.encode_abort(intent.txn_id, False, now), shard)
 
@@ -347,6 +412,15 @@ class Coordinator:
                 await self.resolve(shard, intent)
                 done += 1
         return done
+
+
+def _commit(txn_id: int, path: list[bool], shard: int, shards: int, now: int,
+            at: int) -> bytes:
+    """The commit of a Txn on ``shard``: a ``DECIDE`` at the decided ``at``, or with
+    ``at`` 0 a ``COMMIT`` (on the record shard: the decision) at the revision reserved."""
+    if at:
+        return xcommands.encode_decide(txn_id, path, shard, shards, now, at)
+    return xcommands.encode_commit(txn_id, path, shard, shards, now)
 
 
 def _needs_others(req: rpc_pb2.TxnRequest, path: Sequence[bool], record: int, n: int) -> bool:

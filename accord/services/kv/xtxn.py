@@ -90,6 +90,20 @@ def combine(
     return out
 
 
+def fold_partials(
+    parts: Sequence[Sequence[Sequence[tuple[bool, bool]]]]
+) -> list[list[tuple[bool, bool]]]:
+    """Several participants' :func:`partial_compares` as one (found on any, satisfied on
+    all): :func:`combine` of it with more parts equals :func:`combine` of them all."""
+    if not parts:
+        return []
+    return [
+        [(any(p[n][c][0] for p in parts), all(p[n][c][1] for p in parts))
+         for c in range(len(row))]
+        for n, row in enumerate(parts[0])
+    ]
+
+
 def _count_nodes(req: rpc_pb2.TxnRequest) -> int:
     return sum(1 for _ in nodes(req))
 
