@@ -18,6 +18,7 @@ commands: the same entries give the same tables on every replica.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -111,14 +112,33 @@ class Record:
                    tuple(bool(p) for p in path), int(row[5]) if len(row) > 5 else 0)
 
 
+class _Records(dict[int, Record]):
+    """The records by txn id, with a heap of ``(deadline, txn id)`` beside (every record
+    set is pushed), so that :meth:`IntentTable.expire_records` pops the expired ones
+    instead of scanning every record kept (10 minutes of them: a scan per prepare on the
+    record shard cost more than the rest of the prepare at a hundred Txns a second)."""
+
+    __slots__ = ("by_deadline",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_deadline: list[tuple[int, int]] = []
+
+    def __setitem__(self, txn_id: int, rec: Record) -> None:
+        super().__setitem__(txn_id, rec)
+        heapq.heappush(self.by_deadline, (rec.deadline_ms, txn_id))
+
+
 class IntentTable:
     """The open intents and the records of one shard."""
 
-    __slots__ = ("intents", "records")
+    __slots__ = ("_stuck", "intents", "records")
 
     def __init__(self) -> None:
         self.intents: dict[int, Intent] = {}
-        self.records: dict[int, Record] = {}
+        self.records: dict[int, Record] = _Records()
+        self._stuck: set[int] = set()
+        """Records past their retention still PENDING (kept until decided; normally none)."""
 
     def __bool__(self) -> bool:
         """Whether any intent is open (the one check the single-shard path pays)."""
@@ -160,13 +180,24 @@ class IntentTable:
         return min((i.rev for i in self.intents.values()), default=0)
 
     def expire_records(self, now_ms: int) -> None:
-        """Forget decided records whose deadline is :data:`RECORD_RETENTION_MS` past."""
-        gone = [
-            t for t, r in self.records.items()
-            if r.state != PENDING and r.deadline_ms + RECORD_RETENTION_MS < now_ms
-        ]
-        for t in gone:
-            del self.records[t]
+        """Forget decided records whose deadline is :data:`RECORD_RETENTION_MS` past (the
+        same records a scan of them all would, in O(expired) per call)."""
+        records = self.records
+        assert isinstance(records, _Records)
+        heap, limit = records.by_deadline, now_ms - RECORD_RETENTION_MS
+        for t in [t for t in self._stuck if records.get(t) is None
+                  or records[t].state != PENDING]:
+            self._stuck.discard(t)
+            records.pop(t, None)
+        while heap and heap[0][0] < limit:
+            deadline, t = heapq.heappop(heap)
+            rec = records.get(t)
+            if rec is None or rec.deadline_ms != deadline:
+                continue  # gone already, or set again with another deadline (pushed too)
+            if rec.state == PENDING:
+                self._stuck.add(t)
+            else:
+                del records[t]
 
     def dump(self) -> list[Any]:
         """A msgpack-able, deterministic image."""
