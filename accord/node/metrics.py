@@ -56,6 +56,7 @@ from accord.raft.host.multiraft import MultiRaftHost
 from accord.raft.storage.wal import WriteAheadLog
 from accord.raft.transport.links import PeerTransport
 from accord.services.checkpoints.replicated import CheckpointGroup
+from accord.services.kv.clockguard import ClockGuard
 from accord.services.kv.statemachine import KVStateMachine
 from accord.services.scheduling.replicated import SCHEDULING_GROUP, SchedulerShard
 
@@ -176,6 +177,9 @@ class MonitoredNode(Protocol):
 
     @property
     def checkpoints(self) -> CheckpointGroup: ...
+
+    @property
+    def clock(self) -> ClockGuard: ...
 
 
 class NodeMetrics:
@@ -468,6 +472,20 @@ class NodeCollector(Collector):
         for peer, n in sorted(self._m.peer_probe_failures.items()):
             failures.add_metric([f"{peer:x}"], n)
         yield failures
+        clock = self._node.clock
+        offsets = GaugeMetricFamily(
+            "accord_peer_clock_offset_seconds",
+            "Each peer's wall clock minus this member's, at the last probe (known to within "
+            "half its round trip).", labels=["To"])
+        for peer, sample in sorted(clock.samples().items()):
+            offsets.add_metric([f"{peer:x}"], sample.offset_us / 1e6)
+        yield offsets
+        yield _counter("accord_clock_refusals_total",
+                       "Writes refused because this member's clock disagreed with the "
+                       "cluster's or had just stepped.", clock.refusals)
+        yield _counter("accord_clock_steps_total",
+                       "Steps of this member's wall clock seen (moves unlike its monotonic "
+                       "clock).", clock.steps)
         for field, doc in (("msgs_sent", "Raft messages sent to peers."),
                            ("msgs_received", "Raft messages received from peers."),
                            ("msgs_dropped", "Raft messages dropped (no link, queue full, stalled peer)."),

@@ -11,7 +11,9 @@ wait 5 s for its commit-wait, on every member); reads through n3 still answer.
 from __future__ import annotations
 
 import os
+import re
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import grpc
@@ -20,7 +22,7 @@ import pytest
 from accord.proto import rpc_pb2 as pb
 from accord.services.kv.clockguard import CLOCK_FAILPOINT_ENV
 from accord.services.kv.sharding import shard_of
-from tests.integration.cluster import ProcCluster
+from tests.integration.cluster import HOST, ProcCluster, ProcNode
 
 SHARDS = 8
 AHEAD_MS = 5000
@@ -43,6 +45,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
         yield c
     finally:
         c.stop_all()
+
+
+def _metrics(node: ProcNode) -> dict[str, float]:
+    """The accord_*clock* series of ``node``'s /metrics, by series name with labels."""
+    with urllib.request.urlopen(f"http://{HOST}:{node.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {m[1]: float(m[2]) for m in re.finditer(r"^(accord_\w*clock\w*(?:\{[^}]*\})?) (\S+)$",
+                                                     text, re.M)}
 
 
 def _now_rev() -> int:
@@ -82,3 +92,11 @@ def test_writes_through_a_member_with_a_wrong_clock_are_refused_and_the_rest_go_
         pb.RequestOp(request_put=pb.PutRequest(key=k, value=b"txn")) for k in keys[:8]]),
         timeout=30)
     assert txn.succeeded and txn.header.revision <= _now_rev()
+    # What an operator sees: n3's peers 5 s behind it, its refusals counted; n1 sees n3
+    # 5 s ahead and refused nothing.
+    odd, good = _metrics(n3), _metrics(n1)
+    peers = {k: v for k, v in odd.items() if k.startswith("accord_peer_clock_offset_seconds")}
+    assert len(peers) == 2 and all(-6 < v < -4 for v in peers.values()), odd
+    assert odd["accord_clock_refusals_total"] >= len(keys)
+    assert any(4 < v < 6 for k, v in good.items() if k.startswith("accord_peer_clock")), good
+    assert good["accord_clock_refusals_total"] == 0

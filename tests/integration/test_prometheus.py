@@ -124,7 +124,7 @@ def test_promtool_accepts_the_shipped_alert_rules() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout + out.stderr
     for name in ("AccordNoLeader", "AccordHighFsyncDurations", "AccordApplyLagging",
-                 "AccordDatabaseQuotaNearlyFull"):
+                 "AccordDatabaseQuotaNearlyFull", "AccordClockDisagrees"):
         assert name in RULES.read_text()
 
 

@@ -137,9 +137,9 @@ class ClockGuard:
         self._samples[peer] = sample
         return sample
 
-    def forget(self, peer: int) -> None:
-        """Drop ``peer``'s sample (it left the cluster)."""
-        self._samples.pop(peer, None)
+    def samples(self) -> dict[int, ClockSample]:
+        """The last sample of each peer (for metrics)."""
+        return dict(self._samples)
 
     def disagrees(self, sample: ClockSample) -> bool:
         """Whether a sample shows the two clocks further apart than allowed."""
