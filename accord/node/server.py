@@ -12,7 +12,11 @@ and one gRPC server (``--listen-client-urls``) serving the etcd v3 API:
 * group 4: checkpoint manifests (``CheckpointGroup``): a job's commit is one entry; the
   job's fencing tokens are checked against its coordinator lock in the KV store.
 
-Every member hosts a replica of every group. Members are added and removed at
+Every member hosts a replica of every group. A node of several worker processes
+(``--workers N``, ``docs/workers.md``) is a supervisor (``supervise``) and N processes
+``Node(config, worker=k)``, each hosting worker ``k``'s groups (``placement.py``) in
+``<data-dir>/worker-k``, linked to worker ``k`` of the peers, sharing the client port;
+``workers.py`` routes each call to the worker that owns its shard. Members are added and removed at
 runtime through the meta group (``members.py``): a node started with
 ``--initial-cluster-state existing`` joins with an *empty* membership in every group
 and waits for the leaders to add it and send it a snapshot (a node in no
