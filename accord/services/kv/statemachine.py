@@ -633,12 +633,7 @@ class KVStateMachine:
         if err is not None:
             return xcommands.Prepared(False, "invalid", store.rev, error=err)
         x.records[txn_id] = Record(txn_id, COMMITTED, rev, deadline_ms, tuple(path), rev)
-        wt = self._store.begin_at(rev)
-        try:
-            resp, error = xtxn.run_share(self._exec, wt, req, path, owns)
-        except BaseException:
-            wt.rollback()
-            raise
+        wt, resp, error = self._share_at(rev, req, path, owns)
         self._commit(wt)
         store.raise_floor(rev)
         return xcommands.Committed(resp, xcommands.Decision(COMMITTED, tuple(path), rev), error)
@@ -765,18 +760,25 @@ class KVStateMachine:
         def owns(key: bytes) -> bool:
             return sharding.shard_of(key, shards) == shard
 
-        wt = self._store.begin_at(rev)
-        try:
-            resp, error = xtxn.run_share(self._exec, wt, req, path, owns)
-        except BaseException:
-            wt.rollback()
-            raise
+        wt, resp, error = self._share_at(rev, req, path, owns)
         del x.intents[txn_id]
         self._commit_at(wt)
         self._store.raise_floor(rev)  # a decided revision above this shard's: move up to it
         self._settled(txn_id, rev)
         self._release()
         return xcommands.Committed(resp, decision, error)
+
+    def _share_at(self, rev: int, req: rpc_pb2.TxnRequest, path: Any,
+                  owns: Callable[[bytes], bool]) -> tuple[WriteTxn, Any, Any]:
+        """Run this shard's share of a decided multi-shard Txn as a write at ``rev`` (not
+        committed yet; rolled back if it raises): the write, the responses, the error."""
+        wt = self._store.begin_at(rev)
+        try:
+            resp, error = xtxn.run_share(self._exec, wt, req, path, owns)
+        except BaseException:
+            wt.rollback()
+            raise
+        return wt, resp, error
 
     def _commit_at(self, wt: WriteTxn) -> None:
         """Commit a retro write: its events join the held ones at their revision."""
