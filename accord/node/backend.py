@@ -304,14 +304,12 @@ class ReplicatedBackend(StateMachineBackend):
         quorum). Several shards: their revisions only form one order through floors, so
         the save passes a ReadIndex barrier on each shard, takes R = the highest
         revision, floors every shard at R (no shard writes at or below R afterwards),
-        captures, and cuts what the shards applied after R from their images: the
-        backup holds exactly the keys at R (this needs each shard's quorum)."""
+        waits out the multi-shard Txns open at or below R (``cut_revision``), captures,
+        and cuts what the shards applied after R from their images: the backup holds
+        exactly the keys at R, every Txn all or nothing (this needs each shard's quorum)."""
         kv_groups = list(self.groups)
         if self.shards > 1:
-            every = list(range(self.shards))
-            await self._each(every, self.read_barrier)
-            rev = self.revision
-            await self.floor(every, rev)
+            rev = await self.cut_revision()
         else:
             rev = self.revision
         captures = {gid: g.sm.prepare_snapshot() for gid, g in self.node.host.groups.items()}

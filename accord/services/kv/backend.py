@@ -420,6 +420,18 @@ class StateMachineBackend(ABC):
             return [await make(shards[0])]
         return list(await asyncio.gather(*(make(s) for s in shards)))
 
+    async def cut_revision(self) -> int:
+        """The revision of a consistent cut of every shard (a backup over several
+        shards): a ReadIndex barrier on each, R = the highest revision, every shard
+        floored at R (none writes at or below R afterwards) and the intents at or below
+        R waited out, so that no multi-shard Txn is half in the cut (its record shard's
+        share decided at R, another's still to commit); R moves up to a Txn that decided
+        above it meanwhile, as a read at a revision of its own does."""
+        every = list(range(self.shards))
+        await self._each(every, self.read_barrier)
+        return await self._read_revision(every, [KeyRange(b"", None, False)], self.revision,
+                                         True)
+
     async def floor(self, shards: Sequence[int], revision: int) -> None:
         """Raise every given shard that is behind ``revision`` to it, through its log."""
         behind = [s for s in shards if self.machines[s].revision < revision]

@@ -79,7 +79,11 @@ def record_key(value: bytes) -> bytes:
 
 
 def _unpack_image(image: bytes) -> tuple[list[Any], list[Any]]:
-    fmt, store, leases = msgpack.unpackb(image, raw=False)
+    """The store and lease parts of a shard's image. Its multi-shard transaction tables
+    (the optional last part: open intents, records of decided Txns) have no place in
+    etcd's layout and are left out: a backup's cut waits out every intent at or below its
+    revision (``StateMachineBackend.cut_revision``), so no write of a Txn is missing."""
+    fmt, store, leases, *_transactions = msgpack.unpackb(image, raw=False)
     if fmt != KV_IMAGE_FORMAT:
         raise EtcdFormatError(f"KV snapshot format {fmt} cannot be written in etcd's layout")
     return store, leases
