@@ -77,6 +77,22 @@ def hold_commits(b: Shards) -> asyncio.Event:
     return gate
 
 
+def hold_decides(b: Shards) -> asyncio.Event:
+    """Make every DECIDE (a participant's commit at the revision the record shard's
+    ``PREPARE_DECIDE`` took) wait until the returned event is set."""
+    gate = asyncio.Event()
+    real = b.commit
+
+    async def held_decide(command: bytes, shard: int = 0) -> Any:
+        if command[1:2] == bytes([xcommands.XFORMAT]) and \
+                xcommands.decode(command)[0] == xcommands.XKind.DECIDE:
+            await gate.wait()
+        return await real(command, shard)
+
+    b.commit = held_decide  # type: ignore[method-assign]
+    return gate
+
+
 def spread_keys(n: int, shards: int = SHARDS) -> list[bytes]:
     """``n`` plain keys, at least one on every shard."""
     out: list[bytes] = []
@@ -290,16 +306,7 @@ async def test_a_backup_cut_holds_a_txn_whole_and_writes_in_etcds_layout() -> No
 
     b = Shards()
     k1, k2 = KEYS[0], next(k for k in KEYS if b.shard_of(k) != b.shard_of(KEYS[0]))
-    gate = asyncio.Event()
-    real = b.commit
-
-    async def held_decide(command: bytes, shard: int = 0) -> Any:
-        if command[1:2] == bytes([xcommands.XFORMAT]) and \
-                xcommands.decode(command)[0] == xcommands.XKind.DECIDE:
-            await gate.wait()
-        return await real(command, shard)
-
-    b.commit = held_decide  # type: ignore[method-assign]
+    gate = hold_decides(b)
     resp = await b.txn(pb.TxnRequest(success=[op_put(k1, b"a"), op_put(k2, b"b")]))
     cut = asyncio.create_task(b.cut_revision())
     for _ in range(50):
@@ -319,6 +326,28 @@ async def test_a_backup_cut_holds_a_txn_whole_and_writes_in_etcds_layout() -> No
         for kv in sm.range(pb.RangeRequest(key=b"\x00", range_end=b"\x00")).kvs:
             found[kv.key] = (kv.value, kv.mod_revision)
     assert found == {k1: (b"a", resp.header.revision), k2: (b"b", resp.header.revision)}
+
+
+async def test_a_backup_cut_below_a_txn_restores_without_any_of_it() -> None:
+    """Images cut below a Txn that committed after the cut (its record shard decided, its
+    other share still open when captured): restored and recovered, none of it shows, not
+    the other shard's share finished from a record whose own writes were cut."""
+    b = Shards()
+    k1, k2 = KEYS[0], next(k for k in KEYS if b.shard_of(k) != b.shard_of(KEYS[0]))
+    gate = hold_decides(b)
+    resp = await b.txn(pb.TxnRequest(success=[op_put(k1, b"a"), op_put(k2, b"b")]))
+    cut = resp.header.revision - 1
+    restored = Shards()
+    for m, copy in zip(b.machines, restored.machines, strict=True):
+        copy.restore(KVStateMachine.image_at(m.snapshot(), cut))
+    assert any(m.intents.intents for m in restored.machines)  # the open share came along
+    restored.clock = b.clock + TXN_TIMEOUT_MS + 1
+    await restored.resolve_stale_intents()
+    assert all(not m.intents.intents for m in restored.machines)
+    for k in (k1, k2):
+        assert not (await restored.range(pb.RangeRequest(key=k))).kvs, k
+    gate.set()
+    await b.xcoord.drain()
 
 
 # --- the coordinator dies between any two steps -----------------------------------------------

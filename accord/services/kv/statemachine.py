@@ -952,9 +952,10 @@ class KVStateMachine:
     @staticmethod
     def image_at(data: bytes, revision: int) -> bytes:
         """A snapshot image cut back to ``revision``: versions written after it dropped
-        (keys left with none disappear), the store's revision set to it, and each
-        lease's keys those whose version at ``revision`` holds the lease. Leases granted
-        after ``revision`` stay (a grant has no revision), without keys."""
+        (keys left with none disappear), the store's revision set to it, each lease's
+        keys those whose version at ``revision`` holds the lease, and the records of
+        multi-shard Txns committed after it dropped. Leases granted after ``revision``
+        stay (a grant has no revision), without keys."""
         try:
             fmt, (rev, compact, entries), lease_image, *x_image = msgpack.unpackb(
                 data, raw=False)
@@ -975,6 +976,13 @@ class KVStateMachine:
                     held.setdefault(last[LEASE], []).append(key)
         for row in lease_image[4]:
             row[3] = held.get(row[0], [])
+        if x_image:
+            # A record of a Txn committed above the cut goes too: its writes were cut
+            # here, so the restored shards must not finish it from the record (an intent
+            # of it left on another shard then finds no record and is aborted).
+            intent_rows, record_rows = x_image[0]
+            x_image = [[intent_rows,
+                        [r for r in record_rows if not _committed_after(r, revision)]]]
         image = [fmt, [revision, compact, kept], lease_image, *x_image]
         packed: bytes = msgpack.packb(image, use_bin_type=True)
         return packed
@@ -1060,3 +1068,9 @@ def puts_response(revision: int, n: int) -> rpc_pb2.TxnResponse:
     resp = rpc_pb2.TxnResponse()
     resp.ParseFromString(header + b"\x10\x01" + item * n)  # succeeded = 2
     return resp
+
+
+def _committed_after(row: Any, revision: int) -> bool:
+    """Whether a record's image is of a Txn committed at a revision above ``revision``."""
+    rec = Record.load(row)
+    return rec.state == COMMITTED and (rec.commit_rev or rec.rev) > revision
