@@ -126,9 +126,11 @@ class PeerProber:
     async def probe_all(self) -> None:
         """One round: every other member with a client URL it can reach, concurrently."""
         wanted: dict[int, str] = {}
+        unpublished = False
         for mid, rec in self._members().items():
             if mid == self._self:
                 continue
+            unpublished = unpublished or not rec.client_urls
             for url in rec.client_urls:
                 found = _address(url)
                 if found is not None and (not found[1] or self._tls is not None):
@@ -138,8 +140,6 @@ class PeerProber:
             if self._channels[mid][0] != wanted.get(mid):
                 _, ch = self._channels.pop(mid)
                 await ch.close()
-        unpublished = any(not rec.client_urls for mid, rec in self._members().items()
-                          if mid != self._self)
         before = sum(self.failures.values())
         if wanted:
             await asyncio.gather(*(self._probe(mid, t) for mid, t in wanted.items()))
