@@ -54,6 +54,8 @@ class Transport(Protocol):
 
     def add_peer_lost_listener(self, listener: Callable[[int], None]) -> None: ...
 
+    def connected(self, node_id: int) -> bool: ...
+
 
 class GroupUnavailable(Exception):
     """The group cannot serve the request now; retrying later may succeed.

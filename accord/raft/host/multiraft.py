@@ -155,6 +155,12 @@ class MultiRaftHost:
         self._active: set[Group] = set()
         """Groups that tick (not quiesced)."""
         self._peer_nodes: set[int] = set()
+        self._unsure_peers: set[int] = set()
+        """Peers whose link was lost or which went silent, not heard from since. When one
+        is heard again (it may have restarted), the groups this node leads with it wake
+        and heartbeat it before they quiesce again: a restarted replica knows no leader
+        and perhaps an old commit index until its leader tells it, and a learner, or a
+        voter whose own addition it has not applied yet, cannot campaign to find out."""
         self._liveness = PeerLiveness(
             self.config.tick_interval, self.config.tick_interval * self.config.election_ticks)
         self._quiesce = self.config.quiesce and not self.config.lease_read
@@ -287,6 +293,7 @@ class MultiRaftHost:
         elects a new leader within a few ticks instead of an election timeout;
         quiesced ones wake up first, since their timer must run for that.
         """
+        self._unsure_peers.add(node)
         woken = 0
         for g in self._groups.values():
             core = g.core
@@ -305,6 +312,19 @@ class MultiRaftHost:
     def _heard(self, node: int) -> None:
         if self._liveness.heard(node, self._loop.time()):
             log.info("node %d: peer %d is reachable again", self.node_id, node)
+        if node in self._unsure_peers and self._transport.connected(node):
+            # Back, perhaps restarted, and reachable again over this node's own link (a
+            # heartbeat sent while that still redials is dropped): the groups it shares
+            # with this leader heartbeat it for ``quiesce_after_ticks`` before they may
+            # quiesce again.
+            self._unsure_peers.discard(node)
+            self._wake_groups_led_with(node)
+
+    def _wake_groups_led_with(self, node: int) -> None:
+        """Let every group this node leads and ``node`` replicates tick from now on."""
+        for g in self._groups.values():
+            if g.core.role == Role.LEADER and node in g.core.progress:
+                self._activate(g)
 
     def group(self, group_id: int) -> Group:
         """The hosted group ``group_id``; KeyError if it is not on this node."""
@@ -560,6 +580,7 @@ class MultiRaftHost:
             return
         log.info("node %d: peers %s went silent; waking their quiesced groups", self.node_id, down)
         silent = set(down)
+        self._unsure_peers.update(silent)
         for g in self._groups.values():
             if g in self._active:
                 continue

@@ -60,6 +60,10 @@ class Node:
 
 
 class Cluster:
+    voters: tuple[int, ...] = (1, 2, 3)
+    learners: tuple[int, ...] = ()
+    """The membership every group starts with."""
+
     def __init__(self, root: Path, config: HostConfig) -> None:
         self.root = root
         self.config = config
@@ -88,7 +92,8 @@ class Cluster:
         sms = {}
         for gid in GROUPS:
             sms[gid] = Register()
-            host.add_group(gid, sms[gid], recovered.get(gid), voters=(1, 2, 3))
+            host.add_group(gid, sms[gid], recovered.get(gid), voters=self.voters,
+                           learners=self.learners)
         await transport.start()
         self.ports[nid] = transport.listen_port
         node = Node(nid, d, wal, transport, host, sms)
@@ -419,6 +424,38 @@ async def test_idle_groups_quiesce_and_wake_when_their_leader_dies(cluster: Clus
     survivor = next(iter(cluster.nodes))
     await cluster.put(survivor, 2, "after", "death")
     assert await cluster.leader(2) != dead
+
+
+class LearnerCluster(Cluster):
+    voters = (1, 2)
+    learners = (3,)
+
+
+async def test_a_replica_restarted_while_its_groups_are_quiet_learns_its_leader(
+    tmp_path: Path,
+) -> None:
+    """A quiesced leader sends nothing, and a replica that restarts knows no leader; a
+    learner (or a voter whose own addition it has not applied yet) cannot campaign to
+    find one. Its leader, once it hears from the replica again after losing its link,
+    heartbeats it before quiescing again, so a read on the restarted replica completes
+    although nothing is written. (Without that wake-up the read waits forever.)"""
+    async for c in running_cluster(tmp_path, LearnerCluster):
+        for gid in GROUPS:
+            await c.leader(gid)
+            await c.put(1, gid, "k", "v")
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 5
+        while loop.time() < end and any(n.host.active_groups for n in c.nodes.values()):
+            await asyncio.sleep(0.05)
+        assert [n.host.active_groups for n in c.nodes.values()] == [0, 0, 0]
+        await c.stop_node(3)
+        await asyncio.sleep(1.0)  # the leaders' links to it close and their redials fail
+        node = await c.start_node(3)
+        await c.connect_and_run()
+        for gid in GROUPS:
+            await node.host.read_barrier(gid, timeout=5.0)
+            assert node.sms[gid].data.get("k") == "v"
+            assert node.host.group(gid).core.leader_id in (1, 2)
 
 
 async def test_a_failed_fsync_stops_the_node_and_acknowledges_nothing(cluster: Cluster) -> None:
