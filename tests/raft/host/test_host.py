@@ -404,15 +404,20 @@ async def test_a_restarted_node_never_answers_a_proposal_with_an_old_entrys_resu
         await c.stop()
 
 
+async def every_group_quiet(cluster: Cluster, within: float = 5.0) -> None:
+    """Wait until no group ticks on any node (all quiesced); fail after ``within`` s."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while loop.time() < end and any(n.host.active_groups for n in cluster.nodes.values()):
+        await asyncio.sleep(0.05)
+    assert [n.host.active_groups for n in cluster.nodes.values()] == [0, 0, 0]
+
+
 async def test_idle_groups_quiesce_and_wake_when_their_leader_dies(cluster: Cluster) -> None:
     for gid in GROUPS:
         await cluster.leader(gid)
         await cluster.put(1, gid, "k", "v")
-    loop = asyncio.get_running_loop()
-    end = loop.time() + 5
-    while loop.time() < end and any(n.host.active_groups for n in cluster.nodes.values()):
-        await asyncio.sleep(0.05)
-    assert [n.host.active_groups for n in cluster.nodes.values()] == [0, 0, 0]
+    await every_group_quiet(cluster)
     # a write wakes one group only
     await cluster.put(2, 1, "k", "v2")
     assert max(n.host.active_groups for n in cluster.nodes.values()) >= 1
@@ -443,11 +448,7 @@ async def test_a_replica_restarted_while_its_groups_are_quiet_learns_its_leader(
         for gid in GROUPS:
             await c.leader(gid)
             await c.put(1, gid, "k", "v")
-        loop = asyncio.get_running_loop()
-        end = loop.time() + 5
-        while loop.time() < end and any(n.host.active_groups for n in c.nodes.values()):
-            await asyncio.sleep(0.05)
-        assert [n.host.active_groups for n in c.nodes.values()] == [0, 0, 0]
+        await every_group_quiet(c)
         await c.stop_node(3)
         await asyncio.sleep(1.0)  # the leaders' links to it close and their redials fail
         node = await c.start_node(3)
