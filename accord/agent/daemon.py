@@ -465,10 +465,17 @@ class NodeAgent:
         while self._delivering:
             await asyncio.gather(*list(self._delivering), return_exceptions=True)
 
-async def run_agent(agent: NodeAgent, stop: asyncio.Event) -> None:
-    """Start ``agent``, run until ``stop`` is set or its heartbeats are done, then stop it."""
+async def run_agent(agent: NodeAgent, stop: asyncio.Event,
+                    on_started: Callable[[], None] | None = None) -> None:
+    """Start ``agent``, run until ``stop`` is set or its heartbeats are done, then stop it.
+
+    ``on_started`` runs once the agent is registered with the scheduler (the CLI joins
+    SWIM there, so a node the cluster sees alive in membership is already one the
+    scheduler can place work on)."""
     await agent.start()
     try:
+        if on_started is not None:
+            on_started()
         waiter = asyncio.create_task(agent.wait())
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,13 +115,13 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-async def _serve(agent: NodeAgent) -> None:
+async def _serve(agent: NodeAgent, on_started: Callable[[], None] | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if threading.current_thread() is threading.main_thread():  # signals reach only the main one
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-    await run_agent(agent, stop)
+    await run_agent(agent, stop, on_started)
 
 
 def agent_main(a: argparse.Namespace) -> int:
@@ -159,20 +160,23 @@ def agent_main(a: argparse.Namespace) -> int:
     eps = common.from_args(a)
     agent = NodeAgent(list(eps), node, state, cfg, discoverer=discoverer,
                       mig=mig, on_event=_say, tls=eps.tls)
-    swim = None
+    swims: list[Any] = []
+
+    def join() -> None:
+        # Only once registered: SWIM's "alive" then means the scheduler knows the node.
+        assert gossip is not None and spec is not None
+        try:
+            swims.append(join_gossip(gossip, node.name, spec))
+        except OSError as e:
+            raise OSError(f"cannot join membership: {e}") from None
+
     try:
-        if gossip is not None:
-            try:
-                swim = join_gossip(gossip, node.name, spec)
-            except OSError as e:
-                print(f"accord nodes agent: cannot join membership: {e}", file=sys.stderr)
-                return 1
-        asyncio.run(_serve(agent))
+        asyncio.run(_serve(agent, join if gossip is not None else None))
     except OSError as e:
         print(f"accord nodes agent: {e}", file=sys.stderr)
         return 1
     finally:
-        if swim is not None:
+        for swim in swims:
             swim.stop()
         if discoverer is not None:
             discoverer.close()

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from accord.agent.daemon import AgentConfig, NodeAgent
+from accord.agent.daemon import AgentConfig, NodeAgent, run_agent
 from accord.client.tls import TLSOptions, aio_channel
 from accord.node.certs import CertFiles, make_cluster_pki
 from accord.proto import scheduling_pb2 as pb
@@ -165,6 +165,24 @@ async def test_unhealthy_device_is_reported_and_avoided(server: tuple[str, Sched
     finally:
         await agent.stop()
         disc.close()
+
+
+async def test_run_agent_announces_itself_only_once_registered(
+        server: tuple[str, SchedulerShard], tmp_path: Path) -> None:
+    # The CLI joins SWIM in on_started: a node seen alive there must already be one the
+    # scheduler can place work on (a job submitted on SWIM's word was refused before).
+    ep, shard = server
+    cfg = AgentConfig(heartbeat=0.2, reconcile=0.5, listen="127.0.0.1:0")
+    agent = NodeAgent([ep], cpu_node("cpu-s"), tmp_path / "a", cfg)
+    seen: list[bool] = []
+    stop = asyncio.Event()
+
+    def started() -> None:
+        seen.append("cpu-s" in shard.sm.nodes)
+        stop.set()
+
+    await asyncio.wait_for(run_agent(agent, stop, started), 30)
+    assert seen == [True]
 
 
 async def test_orphaned_tasks_run_until_the_timeout_then_stop(tmp_path: Path) -> None:
