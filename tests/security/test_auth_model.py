@@ -10,9 +10,11 @@ reproducing blob (``print_blob``)."""
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -288,3 +290,49 @@ def test_touching_and_nested_ranges_join() -> None:
                            Permission(read, b"ba", b"bb"), Permission(read, b"d", b"")], read)
     assert ps.covers(b"a", b"c") and ps.covers(b"ab", b"bz") and ps.covers(b"d", b"")
     assert not ps.covers(b"a", b"c\x00") and not ps.covers(b"d", b"d\x00\x00")
+
+
+async def test_a_token_revoked_while_its_request_waited_is_an_invalid_token() -> None:
+    # A member looks a simple token up, then waits for the meta group (the barrier); a
+    # password change committed meanwhile must answer as etcd, which looks the caller up
+    # only after its barrier: "invalid auth token" (not "revision of auth store is old").
+    from accord.services.auth.guard import AuthGuard
+    from accord.services.auth.statemachine import hash_digest
+    from accord.services.auth.tokens import hash_password
+
+    sm = AuthStateMachine()
+    index = itertools.count(1)
+
+    def run(op: str, *args: Any) -> Any:
+        o, *a = msgpack.unpackb(encode(op, "root", *args))
+        return sm.apply(next(index), o, a)
+
+    phash = hash_password("pw", 4)
+    run("user_add", "root", phash, False)
+    run("user_grant", "root", "root")
+    run("user_add", "u", phash, False)
+    run("role_add", "r")
+    run("role_grant", "r", 2, b"/a", b"")
+    run("user_grant", "u", "r")
+    run("enable")
+    token = run("token", "u", "abcdefghijklmnop", hash_digest(phash), int(time.time() * 1000))
+    revoke = [lambda: run("user_passwd", "u", hash_password("new", 4))]
+
+    async def barrier() -> None:  # the change reaches this member while the call waits
+        while revoke:
+            revoke.pop()()
+
+    async def commit(command: bytes) -> Any:
+        raise AssertionError("no commit expected")
+
+    guard = AuthGuard(sm, commit=commit, barrier=barrier)
+    info = guard.identify([("token", token)], None)
+    assert info is not None and "abcdefghijklmnop" not in repr(info)
+    with pytest.raises(EtcdError) as e:
+        await guard.authorize(info, [(b"/a", b"", PermType.READ)])
+    assert e.value == errors.INVALID_AUTH_TOKEN
+    # A token still valid after the barrier speaks for the revision current then.
+    token2 = run("token", "root", "qrstuvwxyzabcdef", hash_digest(phash), int(time.time() * 1000))
+    info2 = guard.identify([("token", token2)], None)
+    run("role_add", "later")  # an unrelated change while the call waits
+    await guard.authorize(info2, [(b"/a", b"", PermType.READ)])

@@ -92,7 +92,8 @@ class AuthGuard:
         if self.client_cert_auth and auth_context:
             names = auth_context.get("x509_common_name")
             if names:
-                return AuthInfo(names[0].decode("utf-8", "replace"), self.machine.store.revision)
+                return AuthInfo(names[0].decode("utf-8", "replace"), self.machine.store.revision,
+                                at_lookup=True)
         return None
 
     def _token_info(self, token: str) -> AuthInfo | None:
@@ -101,7 +102,21 @@ class AuthGuard:
         user = self.machine.tokens.user_of(token)
         if user is None:
             return None
-        return AuthInfo(user, self.machine.store.revision)
+        return AuthInfo(user, self.machine.store.revision, token, at_lookup=True)
+
+    def current(self, info: AuthInfo | None) -> AuthInfo | None:
+        """``info`` looked up again after the barrier, as etcd looks a caller up only after
+        its own: a simple token revoked meanwhile (its user's password changed, the user
+        deleted) is ``invalid auth token``, not an old revision; a certificate's user
+        speaks for the current revision. A JWT keeps the revision it carries."""
+        if info is None or not info.at_lookup:
+            return info
+        if info.token is None:
+            return AuthInfo(info.user, self.machine.store.revision, at_lookup=True)
+        again = self._token_info(info.token)
+        if again is None:
+            raise errors.INVALID_AUTH_TOKEN
+        return again
 
     # --- checks ---------------------------------------------------------------------------
     def check(self, info: AuthInfo | None, needs: Iterable[Need]) -> None:
@@ -142,6 +157,7 @@ class AuthGuard:
         if not self.enabled:
             return
         await self.barrier()
+        info = self.current(info)
         needs = list(needs)
         leases = list(leases)
         if leases:
@@ -153,7 +169,7 @@ class AuthGuard:
         if not self.enabled:
             return
         await self.barrier()
-        self.check_admin(info)
+        self.check_admin(self.current(info))
 
     async def watch_refusal(self, needs: Iterable[Need]) -> str | None:
         """The cancel reason etcd gives a watch the caller may not create, or ``None``."""

@@ -307,7 +307,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             raise
         try:
             await barrier
-            guard.check(info, needs_of)
+            guard.check(guard.current(info), needs_of)
         except EtcdError as e:
             w = worded(e, rule.style)
             await context.abort(w.code, w.message)

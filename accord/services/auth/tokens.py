@@ -23,7 +23,7 @@ import secrets
 import string
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,12 @@ class AuthInfo:
 
     user: str
     revision: int
+    token: str | None = field(default=None, repr=False, compare=False)
+    """The simple token it was looked up from (never printed); None otherwise."""
+    at_lookup: bool = False
+    """Whether ``revision`` is the store's at lookup time (simple tokens and client
+    certificates, as in etcd) rather than one the credential carries (a JWT's): the guard
+    looks such an identity up again once its freshness barrier passed."""
 
 
 def hash_password(password: str, cost: int = DEFAULT_BCRYPT_COST) -> bytes:
