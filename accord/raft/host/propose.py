@@ -12,7 +12,9 @@ between nodes is needed. A leader that cannot take a forwarded proposal (a leade
 transfer under way, too much uncommitted, or it leads no more) sends it back refused
 and unappended; the origin forwards it again shortly, backing off while refusals go
 on. A leader's own proposals refused during a transfer are submitted again the same
-way, so leader balancing costs clients a pause, not an error. Membership changes
+way, so leader balancing costs clients a pause, not an error. A follower whose own link
+to the leader is down (the leader restarted and the link is not redialed yet) holds the
+proposal and forwards it again the same way instead of sending it to be dropped. Membership changes
 (``propose_conf_change``) are proposed again until this node has applied them.
 """
 
@@ -94,7 +96,7 @@ class Proposer:
         g.proposals[seq] = fut
         try:
             try:
-                self.submit(g, data)
+                self.submit(g, data, seq)
             except GroupUnavailable as e:
                 if g.core.role == Role.LEADER and g.core.lead_transferee != NO_NODE:
                     # Refused while handing leadership over: submit again once the
@@ -107,7 +109,7 @@ class Proposer:
                 # election timeout or two: wait that long rather than fail at once.
                 start = self._loop.time()
                 await self._await_leader(g, timeout)
-                self.submit(g, data)
+                self.submit(g, data, seq)
                 if timeout is not None:
                     timeout = max(0.0, timeout - (self._loop.time() - start))
             return await self._waits.wait(fut, timeout)
@@ -132,7 +134,9 @@ class Proposer:
                 raise GroupUnavailable("no leader")
             await asyncio.sleep(cfg.tick_interval)
 
-    def submit(self, g: Group, data: bytes) -> None:
+    def submit(self, g: Group, data: bytes, seq: int) -> None:
+        """Append ``data`` (proposal ``seq`` of this node) if this node leads ``g``, else
+        forward it to the leader; raises ``GroupUnavailable`` when no leader is known."""
         self._activate(g)
         core = g.core
         if core.role == Role.LEADER:
@@ -146,6 +150,12 @@ class Proposer:
         leader = core.leader_id
         if leader == NO_NODE:
             raise GroupUnavailable("no leader")
+        if not self._transport.connected(leader):
+            # Our link to the leader is down (it restarted and we have not redialed yet,
+            # or a partition): the message would be dropped unseen and the caller wait
+            # out its whole timeout. Nothing was sent, so forward it again shortly.
+            self._retry_later(g, seq, data)
+            return
         msg = Message(MessageType.PROPOSE, to=leader, frm=self.node_id, term=core.term,
                       entries=[Entry(0, 0, EntryType.NORMAL, data)])
         self._transport.send(leader, g.id, msg)
@@ -266,7 +276,7 @@ class Proposer:
         if fut is None or fut.done() or not self._running():
             return
         try:
-            self.submit(g, data)
+            self.submit(g, data, seq)
         except GroupUnavailable:  # no leader yet, or this node leads and still refuses
             self._retry_later(g, seq, data)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,6 +226,36 @@ async def test_a_proposal_the_leader_refuses_during_a_transfer_is_forwarded_agai
         await cluster.nodes[nid].host.read_barrier(gid)
         applied = cluster.nodes[nid].sms[gid].applied
         assert [i for i, key in applied if key == "moved"] == [index]
+
+
+async def test_a_proposal_is_held_while_the_link_to_the_leader_is_down(cluster: Cluster) -> None:
+    """A follower whose own link to the leader is down (the leader restarted and the link
+    is not redialed yet: links are one per direction, so the follower still hears the
+    leader) forwards the proposal once the link is back instead of sending it to be
+    dropped and waiting out its timeout; it is applied exactly once."""
+    gid = 1
+    lead = await cluster.leader(gid)
+    origin = next(n for n in (1, 2, 3) if n != lead)
+    await cluster.put(origin, gid, "warm", "up")
+    spare = socket.socket()
+    spare.bind(("127.0.0.1", 0))  # a port nobody listens on
+    dead_port = spare.getsockname()[1]
+    transport = cluster.nodes[origin].transport
+    transport.set_peer(lead, "127.0.0.1", dead_port)
+    assert not transport.connected(lead)
+    payload = msgpack.packb(["held", "once"])
+    proposal = asyncio.ensure_future(cluster.nodes[origin].host.propose(gid, payload,
+                                                                        timeout=2.5))
+    await asyncio.sleep(0.3)
+    assert not proposal.done()
+    transport.set_peer(lead, "127.0.0.1", cluster.ports[lead])
+    index = await proposal
+    spare.close()
+    assert not cluster.nodes[origin].host.proposer.refusals
+    for nid in (lead, origin):
+        await cluster.nodes[nid].host.read_barrier(gid)
+        applied = cluster.nodes[nid].sms[gid].applied
+        assert [i for i, key in applied if key == "held"] == [index]
 
 
 async def test_a_proposal_made_on_a_leader_handing_over_waits_for_the_new_leader(
