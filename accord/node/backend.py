@@ -38,7 +38,7 @@ from accord.services.kv.backend import (
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.revorder import ORDER_GATE
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
-from accord.services.kv.xcommands import XBATCH_GATE, XDECIDE_GATE, XLEASE_GATE, XTXN_GATE
+from accord.services.kv.xcommands import XDECIDE_GATE, XLEASE_GATE, XTXN_GATE
 
 if TYPE_CHECKING:
     from accord.node.parts import NodeParts
@@ -152,12 +152,6 @@ class ReplicatedBackend(StateMachineBackend):
         """Whether every member applies ``PREPARE_DECIDE`` and ``DECIDE``: the record
         shard's prepare and decision in one entry (the gate)."""
         return self.node.cluster.min_command_format() >= XDECIDE_GATE
-
-    @property
-    def batched_decides(self) -> bool:
-        """Whether every member applies ``BATCH``: several commands of one shard in one
-        entry (the gate)."""
-        return self.node.cluster.min_command_format() >= XBATCH_GATE
 
     async def commit(self, command: bytes, shard: int = 0) -> Any:
         """Replicate ``command`` on ``shard``; the answer is what its apply returned."""

@@ -92,7 +92,7 @@ from accord.services.kv.limits import Limits
 from accord.services.kv.revorder import ORDER_GATE
 from accord.services.kv.sharding import shards_of_range
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
-from accord.services.kv.xcommands import XBATCH_GATE, XDECIDE_GATE, XLEASE_GATE, XTXN_GATE
+from accord.services.kv.xcommands import XDECIDE_GATE, XLEASE_GATE, XTXN_GATE
 from accord.services.kv.xcoord import FAILPOINT_ENV
 from accord.services.scheduling.replicated import SCHEDULING_GROUP, SchedulerShard
 from accord.services.scheduling.servicer import add_scheduler_service
@@ -418,7 +418,7 @@ class Node:
         self.cluster.listeners.append(check)
         cmd = ClusterStateMachine.encode_advertise(
             self.member_id, max(COMPACT_FORMAT, AUTH_FORMAT, XTXN_GATE, ORDER_GATE,
-                                XLEASE_GATE, XDECIDE_GATE, XBATCH_GATE))
+                                XLEASE_GATE, XDECIDE_GATE))
         while True:
             try:
                 await self.host.propose(META_GROUP, cmd, timeout=2.0)

@@ -538,13 +538,6 @@ class StateMachineBackend(ABC):
         ``xcommands.XDECIDE_GATE``)."""
         return True
 
-    @property
-    def batched_decides(self) -> bool:
-        """Whether the coordinator may send several commands of one shard as one
-        ``BATCH`` entry (a replicated backend: once every member applies it,
-        ``xcommands.XBATCH_GATE``)."""
-        return True
-
     async def _multi_shard_txn(
         self, req: rpc_pb2.TxnRequest, touched: dict[int, bytes]
     ) -> rpc_pb2.TxnResponse:

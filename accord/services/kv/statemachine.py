@@ -556,20 +556,7 @@ class KVStateMachine:
             return self._x_prepare_lease(txn_id, *body[2:])
         if kind == xcommands.XKind.PREPARE_DECIDE:
             return self._x_prepare_decide(txn_id, *body[2:])
-        if kind == xcommands.XKind.BATCH:
-            return self._x_batch(xcommands.batch_members(body))
         return self._x_abort(txn_id, *body[2:])
-
-    def _x_batch(self, commands: tuple[bytes, ...]) -> list[object]:
-        """A ``BATCH``: each command applied in order as if alone; a command that fails
-        answers its error in its place and the rest still apply."""
-        answers: list[object] = []
-        for command in commands:
-            try:
-                answers.append(self._apply_x(command))
-            except errors.EtcdError as e:
-                answers.append(e)
-        return answers
 
     def _x_prepare(
         self, txn_id: int, rev: int, record: int, shard: int, shards: int, deadline_ms: int,

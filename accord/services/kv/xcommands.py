@@ -30,13 +30,7 @@
   ``checks``: ``[[op, message], ...]``, ``compact_rev``: their highest), the branch taken,
   etcd's checks along it, and if they pass the record COMMITTED at the lowest revision of
   its stripe >= ``want`` (the others' highest reserved) and above its own, with its
-  share of the writes there; no intent on the record shard;
-* ``BATCH``: ``[3, 8, 0, [command, ...]]``: several format-3 commands of one shard in one
-  entry, applied in order, each as if alone (:data:`XBATCH_GATE`); answers the list of
-  their answers, an error in place of a command that failed (the others still apply).
-  The coordinator sends the ``DECIDE`` s it finishes in the background this way, riding
-  with its next command to that shard (``xcoord.py``), so a client that keeps writing
-  the same keys across shards costs two entries per Txn, not three.
+  share of the writes there; no intent on the record shard.
 """
 
 from __future__ import annotations
@@ -64,10 +58,6 @@ XDECIDE_GATE = 7
 every member does, a multi-shard Txn with ordered stamps prepares every participant, agrees
 on its revision through ``RESERVE`` rounds and decides with ``COMMIT``."""
 
-XBATCH_GATE = 8
-"""The format a member advertises once it applies ``BATCH``; until every member does, each
-background ``DECIDE`` is an entry of its own."""
-
 
 class XKind(IntEnum):
     """What a format-3 command does."""
@@ -79,7 +69,6 @@ class XKind(IntEnum):
     LEASE = 5
     DECIDE = 6
     PREPARE_DECIDE = 7
-    BATCH = 8
 
 
 def _pack(body: list[Any]) -> bytes:
@@ -140,22 +129,6 @@ def encode_lease(
                   now_ms, term, bool(expire)])
 
 
-def encode_batch(commands: list[bytes]) -> bytes:
-    """Several format-3 commands of one shard as one entry (a ``BATCH``), in order."""
-    return _pack([XFORMAT, XKind.BATCH.value, 0, list(commands)])
-
-
-def batch_members(body: tuple[Any, ...]) -> tuple[bytes, ...]:
-    """The commands of a decoded ``BATCH`` (``decode``'s answer); none may be a batch."""
-    members = body[2]
-    if type(members) is not tuple or not members or not all(
-            type(m) is bytes and m[1:2] == bytes([XFORMAT]) and m[2:3] != bytes([XKind.BATCH])
-            for m in members):
-        raise errors.bad_request("malformed KV command: a BATCH holds format-3 commands, "
-                                 "none of them a BATCH")
-    return members
-
-
 def decode(command: bytes) -> tuple[Any, ...]:
     """The fields of a format-3 command after the format number; bad input raises."""
     try:
@@ -163,7 +136,7 @@ def decode(command: bytes) -> tuple[Any, ...]:
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise errors.bad_request(f"malformed KV command: {exc}") from exc
     sizes = {XKind.PREPARE: 10, XKind.COMMIT: 7, XKind.ABORT: 5, XKind.RESERVE: 4,
-             XKind.LEASE: 10, XKind.DECIDE: 8, XKind.PREPARE_DECIDE: 13, XKind.BATCH: 4}
+             XKind.LEASE: 10, XKind.DECIDE: 8, XKind.PREPARE_DECIDE: 13}
     if type(body) is not tuple or len(body) < 3 or body[0] != XFORMAT:
         raise errors.bad_request("malformed KV command: not a format-3 command")
     kind = body[1]

@@ -42,12 +42,6 @@ FAILPOINT_PREFIX = b"/failpoint/"
 """Only a Txn with a key under this prefix stops at the failpoint, so a cluster started
 with it serves every other Txn normally."""
 FAILPOINT_STEPS = ("after-prepare", "after-decision")
-DECIDE_LINGER_S = 0.005
-"""How long a background ``DECIDE`` waits for another command of this coordinator to the
-same shard to ride with (one ``BATCH`` entry instead of two) before it goes alone. A
-client that writes the same keys again sends its next Txn well within it; anyone else
-who meets the intent meanwhile waits at most this long (a reader on this member sends
-it at once, ``wait_free``)."""
 
 
 class Participants(Protocol):
@@ -76,10 +70,6 @@ class Participants(Protocol):
         """Whether every member applies ``PREPARE_DECIDE`` and ``DECIDE``
         (``xcommands.XDECIDE_GATE``)."""
 
-    @property
-    def batched_decides(self) -> bool:
-        """Whether every member applies ``BATCH`` (``xcommands.XBATCH_GATE``)."""
-
 
 class Coordinator:
     """Multi-shard Txns over a backend's shards."""
@@ -96,19 +86,8 @@ class Coordinator:
         ``PREPARE_DECIDE`` on each participant at the revision that participant reserved,
         not at the one the record holds (its keys then land at several revisions). Never
         set outside tests."""
-        self.broken_drop_riders = False
-        """A deliberately broken variant for tests: ``DECIDE`` s queued behind a command
-        whose entry failed are dropped instead of sent on their own, so their intents
-        hold their keys until the deadline. Never set outside tests."""
         self.stats = {"committed": 0, "aborted": 0, "retries": 0, "resolved": 0,
                       "reserve_rounds": 0}
-        self._pending: dict[int, list[tuple[int, bytes, asyncio.Future[Any]]]] = {}
-        """Per shard, the background ``DECIDE`` s not sent yet: (txn id, command, the
-        future its ``_finish`` awaits); they ride with the next command to the shard
-        (:meth:`send`) or go after :data:`DECIDE_LINGER_S` (:meth:`_flush`)."""
-        self._linger: dict[int, asyncio.TimerHandle] = {}
-        self.stats_batched = 0
-        """Background ``DECIDE`` s that rode in a ``BATCH`` with another command."""
         self._finishing: set[asyncio.Task[None]] = set()
         """Commits on the other participants still running after the answer (owned:
         :meth:`close` cancels and awaits them; recovery finishes what they leave)."""
@@ -159,7 +138,7 @@ class Coordinator:
             deadline = now + TXN_TIMEOUT_MS
             first_round = others if folded else shards
             answers = await asyncio.gather(
-                *(self.send(xcommands.encode_prepare(
+                *(self.parts.commit(xcommands.encode_prepare(
                     txn_id, rev, record, s, n, deadline, now, request), s)
                   for s in first_round),
                 return_exceptions=True,
@@ -189,7 +168,7 @@ class Coordinator:
                 checks: dict[int, str] = {}
                 for a in prepared:
                     checks.update(a.checks)
-                first = await self.send(xcommands.encode_prepare_decide(
+                first = await self.parts.commit(xcommands.encode_prepare_decide(
                     txn_id, rev, record, n, deadline, now, request, want,
                     xtxn.fold_partials([a.compares for a in prepared]), checks,
                     max(a.compact_rev for a in prepared)), record)
@@ -280,97 +259,12 @@ class Coordinator:
     async def _finish(self, txn_id: int, path: list[bool], others: Sequence[int],
                       now: int, at: int = 0) -> None:
         """Commit a decided Txn on the participants other than the record shard (at the
-        decided revision ``at``, or 0: at the one each reserved); a ``DECIDE`` waits to
-        ride with the next command to its shard when ``BATCH`` is allowed."""
+        decided revision ``at``, or 0: at the one each reserved)."""
         try:
-            if at and self.parts.batched_decides:
-                await asyncio.gather(*(self._later(txn_id, _commit(
-                    txn_id, path, s, self.parts.shards, now, at), s) for s in others))
-            else:
-                await asyncio.gather(*(self.parts.commit(_commit(
-                    txn_id, path, s, self.parts.shards, now, at), s) for s in others))
+            await asyncio.gather(*(self.parts.commit(_commit(
+                txn_id, path, s, self.parts.shards, now, at), s) for s in others))
         except EtcdError:
             pass  # the intents stay until a reader or the recovery pass resolves them
-
-    def _later(self, txn_id: int, command: bytes, shard: int) -> asyncio.Future[Any]:
-        """Queue ``command`` for ``shard`` (see :data:`DECIDE_LINGER_S`); its answer."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._pending.setdefault(shard, []).append((txn_id, command, fut))
-        if shard not in self._linger:
-            self._linger[shard] = loop.call_later(DECIDE_LINGER_S, self._flush, shard)
-        return fut
-
-    def _take(self, shard: int) -> list[tuple[int, bytes, asyncio.Future[Any]]]:
-        handle = self._linger.pop(shard, None)
-        if handle is not None:
-            handle.cancel()
-        return self._pending.pop(shard, [])
-
-    def _flush(self, shard: int) -> None:
-        """Send the queued commands of ``shard`` now, without waiting for company."""
-        queued = self._take(shard)
-        if not queued:
-            return
-        task = asyncio.create_task(self._deliver(shard, queued, None),
-                                   name=f"xtxn-decides-{shard}")
-        self._finishing.add(task)
-        task.add_done_callback(self._finishing.discard)
-
-    async def send(self, command: bytes, shard: int) -> Any:
-        """Replicate ``command`` on ``shard`` with the ``DECIDE`` s queued for it in front,
-        all in one ``BATCH`` entry; the answer is ``command``'s."""
-        queued = self._take(shard) if self._pending else []
-        if not queued:
-            return await self.parts.commit(command, shard)
-        return await self._deliver(shard, queued, command)
-
-    async def _deliver(self, shard: int, queued: list[tuple[int, bytes, asyncio.Future[Any]]],
-                       command: bytes | None) -> Any:
-        """One entry for ``queued`` (and ``command`` after them): alone when it is one
-        command, else a ``BATCH``; each queued future gets its command's answer."""
-        commands = [c for _t, c, _f in queued] + ([command] if command is not None else [])
-        try:
-            if len(commands) == 1:
-                answers = [await self.parts.commit(commands[0], shard)]
-            else:
-                answers = list(await self.parts.commit(xcommands.encode_batch(commands), shard))
-                self.stats_batched += len(queued)
-        except BaseException as e:
-            if command is not None and not self.broken_drop_riders:
-                # The carrier failed or its caller gave up: the queued commands go on
-                # their own (a DECIDE applied twice changes nothing the second time).
-                task = asyncio.create_task(self._deliver(shard, queued, None),
-                                           name=f"xtxn-decides-{shard}")
-                self._finishing.add(task)
-                task.add_done_callback(self._finishing.discard)
-                raise
-            for _t, _c, fut in queued:
-                if not fut.done():
-                    fut.set_exception(e if isinstance(e, Exception) else EtcdError(
-                        grpc.StatusCode.UNAVAILABLE, "accord: cancelled"))
-                    fut.exception()  # retrieved: a finish that gave up is not an error
-            raise
-        for (_t, _c, fut), answer in zip(queued, answers, strict=False):
-            if fut.done():
-                continue
-            if isinstance(answer, BaseException):
-                fut.set_exception(answer)
-                fut.exception()
-            else:
-                fut.set_result(answer)
-        if command is None:
-            return None
-        last = answers[-1]
-        if isinstance(last, BaseException):
-            raise last
-        return last
-
-    def flush_for(self, shard: int, txn_ids: set[int]) -> None:
-        """Send at once the queued commands of ``shard`` if one of them is for a Txn in
-        ``txn_ids`` (someone on this member waits for its intent)."""
-        if any(t in txn_ids for t, _c, _f in self._pending.get(shard, ())):
-            self._flush(shard)
 
     def finish_later(self, txn_id: int, path: list[bool], others: Sequence[int],
                      now: int, at: int = 0) -> None:
@@ -384,19 +278,12 @@ class Coordinator:
         task.add_done_callback(self._finishing.discard)
 
     async def drain(self) -> None:
-        """Wait for the background commits under way, queued ones sent at once (tests; a
-        settled store)."""
-        while self._finishing or self._pending:
-            for shard in list(self._pending):
-                self._flush(shard)
+        """Wait for the background commits under way (tests; a settled store)."""
+        while self._finishing:
             await asyncio.gather(*list(self._finishing), return_exceptions=True)
 
     async def close(self) -> None:
-        """Cancel and await the background commits (node shutdown); the queued ones are
-        dropped (their intents are resolved as any coordinator's that died)."""
-        for shard in list(self._pending):
-            for _t, _c, fut in self._take(shard):
-                fut.cancel()
+        """Cancel and await the background commits (node shutdown)."""
         tasks = list(self._finishing)
         for t in tasks:
             t.cancel()
@@ -483,8 +370,6 @@ class Coordinator:
             if not found:
                 return max((sm.settled_at.get(t, sm.revision) for t in waited), default=0)
             waited.update(i.txn_id for i in found)
-            if self._pending:
-                self.flush_for(shard, waited)
             now = self._now()
             stale = [i for i in found if i.deadline_ms < now]
             for intent in stale:
