@@ -35,7 +35,14 @@ from typing import Any
 import grpc
 import msgpack
 
-from accord.raft.transport.framing import FrameError, FrameReceiver, close_writer, frame, within
+from accord.raft.transport.framing import (
+    FrameError,
+    FrameReceiver,
+    close_writer,
+    frame,
+    take_buffered,
+    within,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +91,10 @@ class ForwardServer:
         self._handlers = dict(handlers)
         self._server: asyncio.AbstractServer | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        self.broken_drop_early_calls = False
+        """A deliberately broken variant for tests: bytes a client wrote before the
+        connection's receiver was attached are left in the stream's buffer (the first
+        call of a connection is lost). Never set outside tests."""
 
     async def start(self) -> None:
         """Listen (a stale socket file of a dead worker is replaced)."""
@@ -112,7 +123,7 @@ class ForwardServer:
         assert task is not None
         self._conns.add(task)
         try:
-            await self._serve(writer)
+            await self._serve(reader, writer)
         except asyncio.CancelledError:
             # ``stop`` ends the connection: return normally, since asyncio's stream callback
             # asks this task for its exception and logs a cancelled one as an error.
@@ -121,7 +132,7 @@ class ForwardServer:
             self._conns.discard(task)
             close_writer(writer)
 
-    async def _serve(self, writer: asyncio.StreamWriter) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         calls: set[asyncio.Task[None]] = set()
 
         def answer(call_id: int, code: int, payload: Any) -> None:
@@ -165,7 +176,13 @@ class ForwardServer:
             task.add_done_callback(calls.discard)
 
         receiver = FrameReceiver(on_frame, MAX_FRAME, IDLE_S)
-        receiver.attach(writer.transport)
+        # A client writes its first call as soon as it is connected: bytes that arrived
+        # before this task ran sit in the stream's buffer and must go to the receiver
+        # (left there, the first call of every connection was lost and timed out).
+        if self.broken_drop_early_calls:
+            receiver.attach(writer.transport)
+        else:
+            receiver.attach(writer.transport, take_buffered(reader), eof=reader.at_eof())
         try:
             await receiver.closed()
         except (EOFError, OSError, TimeoutError):

@@ -176,3 +176,46 @@ async def test_bad_requests_are_refused_and_garbage_closes_only_its_connection(
         assert await client.call("/t/echo", b"ok", 5) == b"echo:ok"
     finally:
         await client.close()
+
+
+async def _first_call_written_before_the_accept_runs(sock: Path, broken: bool) -> bytes | None:
+    """A client connects and writes its first call before the owner's connection task
+    has attached its receiver (on a busy loop, or uvloop's order of callbacks, the bytes
+    are then already in the stream's buffer): its answer, or None if none came."""
+    o = Owner()
+    server = ForwardServer(sock, o.handlers())
+    server.broken_drop_early_calls = broken
+    arrived = asyncio.Event()
+
+    async def late_accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await arrived.wait()
+        while not getattr(reader, "_buffer", b""):  # the call is read into the stream first
+            await asyncio.sleep(0.001)
+        await server._serve(reader, writer)
+
+    listener = await asyncio.start_unix_server(late_accept, path=str(sock))
+    reader, writer = await asyncio.open_unix_connection(str(sock))
+    try:
+        writer.write(frame(msgpack.packb([forward.FORWARD_VERSION, 1, "/t/echo", b"a", 5.0])))
+        await writer.drain()
+        arrived.set()
+        try:
+            head = await asyncio.wait_for(reader.readexactly(4), 2)
+        except TimeoutError:
+            return None
+        answer = msgpack.unpackb(await reader.readexactly(int.from_bytes(head, "big")))
+        return bytes(answer[2])
+    finally:
+        writer.close()
+        listener.close()
+        await listener.wait_closed()
+
+
+async def test_a_call_written_before_the_connection_is_accepted_is_answered(sock: Path) -> None:
+    # Found on daemons: a worker > 0 asks worker 0 for the meta state the moment it has
+    # connected, and that first call went unanswered for its whole timeout (15 s).
+    assert await _first_call_written_before_the_accept_runs(sock, broken=False) == b"echo:a"
+
+
+async def test_the_broken_variant_that_loses_early_calls_is_caught(sock: Path) -> None:
+    assert await _first_call_written_before_the_accept_runs(sock, broken=True) is None
