@@ -1,4 +1,8 @@
-"""Real daemons killed, paused and restarted: leaders move, nothing acknowledged is lost."""
+"""Real daemons killed, paused and restarted: leaders move, nothing acknowledged is lost.
+
+Each test runs on nodes of one process and on nodes of two worker processes
+(``--workers 2``, docs/workers.md): a kill or a pause takes a whole node, its supervisor
+and both workers, and the keys (one partition each) lie on both workers' shards."""
 
 from __future__ import annotations
 
@@ -12,9 +16,14 @@ import pytest
 from tests.integration.cluster import ProcCluster
 
 
+@pytest.fixture(params=[1, 2], ids=["one-process", "two-workers"])
+def workers(request: pytest.FixtureRequest) -> int:
+    return int(request.param)
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
-    with ProcCluster(tmp_path, 3) as c:
+def cluster(tmp_path: Path, workers: int) -> Iterator[ProcCluster]:
+    with ProcCluster(tmp_path, 3, workers=workers) as c:
         yield c
 
 
@@ -39,10 +48,12 @@ def test_kill_9_leader_elects_a_new_one_and_the_old_one_catches_up(cluster: Proc
     assert [cluster.get(old, b"k%d" % i) for i in range(20)] == [b"after"] * 20
 
 
-def test_paused_leader_is_replaced_and_rejoins_without_disrupting(tmp_path: Path) -> None:
+def test_paused_leader_is_replaced_and_rejoins_without_disrupting(tmp_path: Path,
+                                                                  workers: int) -> None:
     # Leader balancing would (rightly) hand leaderships back to the resumed node; it is
     # off here so that any change of leader or term could only come from a disruption.
-    cluster = ProcCluster(tmp_path, 3, extra=("--leader-balance-interval", "0"))
+    cluster = ProcCluster(tmp_path, 3, extra=("--leader-balance-interval", "0"),
+                          workers=workers)
     try:
         cluster.start_all()
         _pause_the_leader_and_resume_it(cluster)
