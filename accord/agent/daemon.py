@@ -42,7 +42,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -466,7 +466,7 @@ class NodeAgent:
             await asyncio.gather(*list(self._delivering), return_exceptions=True)
 
 async def run_agent(agent: NodeAgent, stop: asyncio.Event,
-                    on_started: Callable[[], None] | None = None) -> None:
+                    on_started: Callable[[], Awaitable[None]] | None = None) -> None:
     """Start ``agent``, run until ``stop`` is set or its heartbeats are done, then stop it.
 
     ``on_started`` runs once the agent is registered with the scheduler (the CLI joins
@@ -475,7 +475,7 @@ async def run_agent(agent: NodeAgent, stop: asyncio.Event,
     await agent.start()
     try:
         if on_started is not None:
-            on_started()
+            await on_started()
         waiter = asyncio.create_task(agent.wait())
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)

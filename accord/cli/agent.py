@@ -21,7 +21,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +115,8 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-async def _serve(agent: NodeAgent, on_started: Callable[[], None] | None = None) -> None:
+async def _serve(agent: NodeAgent,
+                 on_started: Callable[[], Awaitable[None]] | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     if threading.current_thread() is threading.main_thread():  # signals reach only the main one
@@ -162,11 +163,12 @@ def agent_main(a: argparse.Namespace) -> int:
                       mig=mig, on_event=_say, tls=eps.tls)
     swims: list[Any] = []
 
-    def join() -> None:
+    async def join() -> None:
         # Only once registered: SWIM's "alive" then means the scheduler knows the node.
+        # Starting the member waits for its bind: off the agent's loop, in a thread.
         assert gossip is not None and spec is not None
         try:
-            swims.append(join_gossip(gossip, node.name, spec))
+            swims.append(await asyncio.to_thread(join_gossip, gossip, node.name, spec))
         except OSError as e:
             raise OSError(f"cannot join membership: {e}") from None
 

@@ -177,7 +177,7 @@ async def test_run_agent_announces_itself_only_once_registered(
     seen: list[bool] = []
     stop = asyncio.Event()
 
-    def started() -> None:
+    async def started() -> None:
         seen.append("cpu-s" in shard.sm.nodes)
         stop.set()
 

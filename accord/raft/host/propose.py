@@ -14,8 +14,9 @@ and unappended; the origin forwards it again shortly, backing off while refusals
 on. A leader's own proposals refused during a transfer are submitted again the same
 way, so leader balancing costs clients a pause, not an error. A follower whose own link
 to the leader is down (the leader restarted and the link is not redialed yet) holds the
-proposal and forwards it again the same way instead of sending it to be dropped. Membership changes
-(``propose_conf_change``) are proposed again until this node has applied them.
+proposal and forwards it again the same way instead of sending it to be dropped.
+Membership changes (``propose_conf_change``) are proposed again until this node has
+applied them.
 """
 
 from __future__ import annotations
