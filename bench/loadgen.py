@@ -16,6 +16,8 @@ Workloads (``Spec.workload``):
   shards, and over a node's workers);
 * ``get`` / ``sget``: linearizable / serializable Range of one of 1,000 seeded keys;
 * ``txn``: compare-and-set, ``Txn(mod_revision == last) then Put``;
+* ``stxn``: the same with each client's key in a partition of its own (one-shard Txns
+  spread over the shards as ``txn2``'s are: its one-shard baseline at the same spread);
 * ``txn2``: the same over two keys of different partitions (on an 8-shard accord: two
   shards), ``Txn(both mod_revisions == last) then Put both``;
 * ``mixed``: 90% linearizable get, 10% put;
@@ -56,7 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WORKLOADS = ("put", "sput", "get", "sget", "txn", "txn2", "mixed", "lock", "revoke", "watch",
+WORKLOADS = ("put", "sput", "get", "sget", "txn", "stxn", "txn2", "mixed", "lock", "revoke",
+             "watch",
              "lease", "load")
 RPC_TIMEOUT = 10.0
 READ_KEYS = 1000

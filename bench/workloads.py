@@ -263,12 +263,13 @@ class Worker:
             ops.append(op)
         return lambda s, e: closed_loop(ops, s, e)
 
-    async def _w_txn(self, spec: Spec) -> Runner:
+    async def _w_txn(self, spec: Spec, spread: bool = False) -> Runner:
         value = random_value(spec.value_size)
         ops: list[Op] = []
         for gid, ep in self.clients(spec):
             kv = self.kv(ep)
-            key = f"bench/{spec.tag}/cas/{gid}".encode()
+            key = (f"/bench-{spec.tag}-scas/{gid}" if spread
+                   else f"bench/{spec.tag}/cas/{gid}").encode()
             r = await kv.Put(rpc_pb2.PutRequest(key=key, value=value), timeout=RPC_TIMEOUT)
             rev = [int(r.header.revision)]
 
@@ -287,6 +288,11 @@ class Worker:
                     raise RuntimeError("compare-and-set lost on a key only this client writes")
             ops.append(op)
         return lambda s, e: closed_loop(ops, s, e)
+
+    async def _w_stxn(self, spec: Spec) -> Runner:
+        """``txn`` with each client's key in a partition of its own: one-shard Txns spread
+        over the shards as ``txn2``'s are, the one-shard baseline with the same spread."""
+        return await self._w_txn(spec, spread=True)
 
     async def _w_txn2(self, spec: Spec) -> Runner:
         value = random_value(spec.value_size)
