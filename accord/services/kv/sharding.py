@@ -23,6 +23,7 @@ The hash is CRC32C (stable across processes and versions, unlike Python's ``hash
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import crc32c
@@ -46,6 +47,13 @@ def partition_key(key: bytes) -> bytes:
     return head if sep else key
 
 
+SHARD_CACHE_KEYS = 8192
+"""Keys whose shard :func:`shard_of` remembers: a multi-shard Txn asks for the same few
+keys dozens of times on each member (its compares, puts, intent ranges, put checks and
+share, in every command of it), and the answer never changes."""
+
+
+@functools.lru_cache(maxsize=SHARD_CACHE_KEYS)
 def shard_of(key: bytes, shards: int) -> int:
     """The index (``0 .. shards-1``) of the shard holding ``key``."""
     if shards == 1:

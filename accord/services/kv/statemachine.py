@@ -581,15 +581,15 @@ class KVStateMachine:
         def owns(key: bytes) -> bool:
             return sharding.shard_of(key, shards) == shard
 
-        if x.intents and x.revoking(xtxn.put_leases(req, owns)) is not None:
+        leases = xtxn.put_leases(req, owns)
+        if x.intents and x.revoking(leases) is not None:
             return xcommands.Prepared(False, "conflict", store.rev)
 
         answer = xcommands.Prepared(
             True, "", rev, xtxn.partial_compares(store, req, store.rev),
             xtxn.put_checks(self._exec, req, owns), max(0, store.compact_rev),
         )
-        x.intents[txn_id] = Intent(txn_id, rev, record, deadline_ms, ranges,
-                                   xtxn.put_leases(req, owns), request)
+        x.intents[txn_id] = Intent(txn_id, rev, record, deadline_ms, ranges, leases, request)
         if shard == record:
             x.records[txn_id] = Record(txn_id, PENDING, rev, deadline_ms)
         store.raise_floor(rev)

@@ -17,7 +17,7 @@ depth first. "Node" numbers and "op" numbers below count in that order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from accord.proto import rpc_pb2
 from accord.services.kv import errors, fanout, txn
@@ -30,21 +30,26 @@ from accord.services.kv.ranges import KeyRange
 Compare = rpc_pb2.Compare
 
 
-def nodes(req: rpc_pb2.TxnRequest) -> Iterator[rpc_pb2.TxnRequest]:
+def nodes(req: rpc_pb2.TxnRequest) -> list[rpc_pb2.TxnRequest]:
     """Every Txn node of the tree (``req`` first), in the fixed order."""
-    yield req
-    for op in (*req.success, *req.failure):
-        if op.WhichOneof("request") == "request_txn":
-            yield from nodes(op.request_txn)
+    out = [req]
+    for branch in (req.success, req.failure):
+        for op in branch:
+            if op.WhichOneof("request") == "request_txn":
+                out.extend(nodes(op.request_txn))
+    return out
 
 
-def ops(req: rpc_pb2.TxnRequest) -> Iterator[rpc_pb2.RequestOp]:
+def ops(req: rpc_pb2.TxnRequest) -> list[rpc_pb2.RequestOp]:
     """Every non-Txn op of the tree, in the fixed order (the op numbers)."""
-    for op in (*req.success, *req.failure):
-        if op.WhichOneof("request") == "request_txn":
-            yield from ops(op.request_txn)
-        else:
-            yield op
+    out: list[rpc_pb2.RequestOp] = []
+    for branch in (req.success, req.failure):
+        for op in branch:
+            if op.WhichOneof("request") == "request_txn":
+                out.extend(ops(op.request_txn))
+            else:
+                out.append(op)
+    return out
 
 
 def partial_compares(
@@ -349,13 +354,11 @@ def intent_ranges(
     req: rpc_pb2.TxnRequest, shard: int, shards: int, shards_of_range: Callable[..., list[int]]
 ) -> tuple[KeyRange, ...]:
     """Every key range of the Txn (all branches) that ``shard`` may hold."""
-    out: list[KeyRange] = []
-    for key, end in all_ranges(req):
-        if shard in shards_of_range(key, end, shards):
-            kr = KeyRange.of(key, end)
-            if kr not in out:
-                out.append(kr)
-    return tuple(out)
+    held: dict[tuple[bytes, bytes], None] = {}  # in order, once each
+    for pair in all_ranges(req):
+        if pair not in held and shard in shards_of_range(pair[0], pair[1], shards):
+            held[pair] = None
+    return tuple(KeyRange.of(key, end) for key, end in held)
 
 
 def put_leases(req: rpc_pb2.TxnRequest, owns: Callable[[bytes], bool]) -> frozenset[int]:
