@@ -56,6 +56,8 @@ class Transport(Protocol):
 
     def connected(self, node_id: int) -> bool: ...
 
+    def has_room(self, node_id: int) -> bool: ...
+
 
 class GroupUnavailable(Exception):
     """The group cannot serve the request now; retrying later may succeed.

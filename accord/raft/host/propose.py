@@ -14,7 +14,8 @@ and unappended; the origin forwards it again shortly, backing off while refusals
 on. A leader's own proposals refused during a transfer are submitted again the same
 way, so leader balancing costs clients a pause, not an error. A follower whose own link
 to the leader is down (the leader restarted and the link is not redialed yet) holds the
-proposal and forwards it again the same way instead of sending it to be dropped.
+proposal and forwards it again the same way instead of sending it to be dropped; so
+does one whose queue to the leader is full.
 Membership changes (``propose_conf_change``) are proposed again until this node has
 applied them.
 """
@@ -151,10 +152,11 @@ class Proposer:
         leader = core.leader_id
         if leader == NO_NODE:
             raise GroupUnavailable("no leader")
-        if not self._transport.connected(leader):
+        if not self._transport.has_room(leader):
             # Our link to the leader is down (it restarted and we have not redialed yet,
-            # or a partition): the message would be dropped unseen and the caller wait
-            # out its whole timeout. Nothing was sent, so forward it again shortly.
+            # or a partition) or its queue is full (the leader reads slower than we
+            # write): the message would be dropped unseen and the caller wait out its
+            # whole timeout. Nothing was sent, so forward it again shortly.
             self._retry_later(g, seq, data)
             return
         msg = Message(MessageType.PROPOSE, to=leader, frm=self.node_id, term=core.term,

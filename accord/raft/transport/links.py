@@ -310,14 +310,24 @@ class PeerTransport:
         peer = self._peers.get(node_id)
         return peer is not None and peer.writer is not None and not peer.writer.is_closing()
 
+    def has_room(self, node_id: int) -> bool:
+        """Whether a message for ``node_id`` queued now would go out: the link is up, its
+        queue is not full and its socket's unsent buffer is below ``max_queue_bytes``
+        (else ``send`` or the next ``flush`` drops the message, counted)."""
+        peer = self._peers.get(node_id)
+        return (peer is not None and peer.writer is not None and not peer.writer.is_closing()
+                and not self._stopping and not self._full(peer)
+                and peer.writer.transport.get_write_buffer_size() < self._max_queue_bytes)
+
     # -- sending -------------------------------------------------------------
+
+    def _full(self, peer: _Peer) -> bool:
+        return (len(peer.pending) + len(peer.heartbeats) + len(peer.heartbeat_resps)
+                >= self._max_queue_msgs)
 
     def _queue(self, to_node: int) -> _Peer | None:
         peer = self._peers.get(to_node)
-        if peer is None or peer.writer is None or self._stopping:
-            self.stats.msgs_dropped += 1
-            return None
-        if len(peer.pending) + len(peer.heartbeats) + len(peer.heartbeat_resps) >= self._max_queue_msgs:
+        if peer is None or peer.writer is None or self._stopping or self._full(peer):
             self.stats.msgs_dropped += 1
             return None
         self._dirty.add(to_node)

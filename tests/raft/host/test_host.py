@@ -258,6 +258,36 @@ async def test_a_proposal_is_held_while_the_link_to_the_leader_is_down(cluster: 
         assert [i for i, key in applied if key == "held"] == [index]
 
 
+@pytest.mark.parametrize("limit", ["_max_queue_msgs", "_max_queue_bytes"])
+async def test_a_proposal_is_held_while_the_queue_to_the_leader_is_full(
+    cluster: Cluster, limit: str
+) -> None:
+    """A follower whose queue to the leader is full (``max_queue_msgs`` messages wait, or
+    the socket's unsent buffer is over ``max_queue_bytes``: a leader that reads slower
+    than it is written to) would have its forwarded proposal dropped by ``send`` or the
+    next flush, and its client wait out the whole timeout; it holds the proposal and
+    forwards it once there is room, applied exactly once."""
+    gid = 1
+    lead = await cluster.leader(gid)
+    origin = next(n for n in (1, 2, 3) if n != lead)
+    await cluster.put(origin, gid, "warm", "up")
+    transport = cluster.nodes[origin].transport
+    saved = getattr(transport, limit)
+    setattr(transport, limit, 0)  # full: nothing more may be queued or written
+    assert transport.connected(lead) and not transport.has_room(lead)
+    payload = msgpack.packb(["queued", "once"])
+    proposal = asyncio.ensure_future(cluster.nodes[origin].host.propose(gid, payload,
+                                                                        timeout=2.5))
+    await asyncio.sleep(0.3)
+    assert not proposal.done()
+    setattr(transport, limit, saved)
+    index = await proposal
+    for nid in (lead, origin):
+        await cluster.nodes[nid].host.read_barrier(gid)
+        applied = cluster.nodes[nid].sms[gid].applied
+        assert [i for i, key in applied if key == "queued"] == [index]
+
+
 async def test_a_proposal_made_on_a_leader_handing_over_waits_for_the_new_leader(
     cluster: Cluster,
 ) -> None:
