@@ -372,10 +372,8 @@ class Config:
 
     @property
     def metrics_enabled(self) -> bool:
-        """False when ``--listen-metrics-urls off``, and on a node of several workers
-        (``--workers``), which serves no metrics yet (explicit URLs are refused there)."""
-        if self.workers > 1:
-            return False
+        """False when ``--listen-metrics-urls off`` (on a node of several workers the
+        supervisor serves them, from every worker: ``workermetrics.py``)."""
         return [u.strip().lower() for u in self.listen_metrics_urls] != ["off"]
 
     def metrics_urls(self) -> list[str]:
@@ -442,9 +440,6 @@ class Config:
         if self.member_dead_after > 0:
             out.append(f"{why} --member-dead-after yet (a replica repair would take the "
                        f"member out of worker 0's groups only)")
-        if any(u.strip().lower() != "off" for u in self.listen_metrics_urls):
-            out.append(f"{why} --listen-metrics-urls yet (no /metrics or health endpoints "
-                       f"through the supervisor): leave it out or pass 'off'")
         tls = [f for f in ("cert_file", "key_file", "trusted_ca_file", "peer_cert_file",
                            "peer_key_file", "peer_trusted_ca_file") if getattr(self, f)]
         tls += [f for f in ("client_cert_auth", "peer_client_cert_auth") if getattr(self, f)]

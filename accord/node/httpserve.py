@@ -12,10 +12,12 @@ OpenMetrics when its ``Accept`` says so; gzip when allowed); the health paths fo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import ssl
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from aiohttp import web
 
@@ -63,6 +65,19 @@ class MetricsServer:
                     raise OSError(f"cannot serve metrics on {scheme}://{host}:{port}: "
                                   f"{e.strerror or e}") from e
             self.ports = [int(addr[1]) for addr in runner.addresses]
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def start_unix(self, path: Path) -> None:
+        """Listen on the Unix socket ``path`` instead (a worker of a node of several,
+        scraped by its supervisor: ``workermetrics.py``); a stale socket file is replaced."""
+        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        self._runner = runner
+        try:
+            await asyncio.to_thread(path.unlink, missing_ok=True)
+            await web.UnixSite(runner, str(path)).start()
         except BaseException:
             await self.stop()
             raise

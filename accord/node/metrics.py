@@ -167,6 +167,11 @@ class MonitoredNode(Protocol):
     def grpc(self) -> AccordGrpcServer | None: ...
 
     @property
+    def hosts_node_services(self) -> bool:
+        """Whether ``membership``, ``scheduling`` and ``checkpoints`` exist here (a worker
+        other than 0 of a node of several runs none of them)."""
+
+    @property
     def membership(self) -> NodeMembership: ...
 
     @property
@@ -255,8 +260,9 @@ class NodeMetrics:
         wal = node.wal
         if wal is not None:
             wal.on_fsync = self.fsync.observe
-        node.scheduling.on_placed = self.placed
-        node.scheduling.on_preempted = self.preempted
+        if node.hosts_node_services:
+            node.scheduling.on_placed = self.placed
+            node.scheduling.on_preempted = self.preempted
         self.registry.register(NodeCollector(node, self))
         for c in extra:
             self.registry.register(c)
@@ -271,8 +277,9 @@ class NodeMetrics:
             return
         if node.wal is not None:
             node.wal.on_fsync = None
-        node.scheduling.on_placed = None
-        node.scheduling.on_preempted = None
+        if node.hosts_node_services:
+            node.scheduling.on_placed = None
+            node.scheduling.on_preempted = None
 
     # ------------------------------------------------------------------ scrape
     @property
@@ -306,9 +313,10 @@ class NodeCollector(Collector):
         yield from self._storage()
         yield from self._kv()
         yield from self._network()
-        yield from self._swim()
-        yield from self._scheduler()
-        yield from self._checkpoints()
+        if self._node.hosts_node_services:
+            yield from self._swim()
+            yield from self._scheduler()
+            yield from self._checkpoints()
         m = self._m
         # etcd's names have no _total, which a counter must have in OpenMetrics: gauges here.
         yield _gauge("etcd_server_health_success", "The total number of successful /health checks.",

@@ -8,7 +8,9 @@ that worker ``k`` of one node only ever talks Raft to worker ``k`` of the others
 
 Each worker has its own data directory (``<data-dir>/worker-<k>``), its own peer port
 (``P + k`` for the node's peer port ``P``) and its own forwarding socket
-(``<data-dir>/worker-<k>.sock``) on which the other workers hand it calls for its shards.
+(``<data-dir>/worker-<k>.sock``) on which the other workers hand it calls for its shards,
+and its metrics socket (``<data-dir>/worker-<k>.metrics.sock``) that the supervisor
+scrapes.
 With one worker nothing moves: the data directory and the ports are the node's own, so a
 node's layout does not change until it runs several workers.
 
@@ -103,11 +105,19 @@ class WorkerPlan:
 
     def forward_socket(self, base: Path, worker: int) -> Path:
         """The Unix socket on which worker ``worker`` takes calls the others forward."""
+        return self._socket(base, worker, "sock", "forwarding")
+
+    def metrics_socket(self, base: Path, worker: int) -> Path:
+        """The Unix socket on which worker ``worker`` serves its own ``/metrics`` and
+        health endpoints to the supervisor (``workermetrics.py``)."""
+        return self._socket(base, worker, "metrics.sock", "metrics")
+
+    def _socket(self, base: Path, worker: int, suffix: str, what: str) -> Path:
         self._check_worker(worker)
-        path = base / f"worker-{worker}.sock"
+        path = base / f"worker-{worker}.{suffix}"
         if len(str(path).encode()) > UNIX_PATH_MAX:
             raise PlacementError(
-                f"the forwarding socket {str(path)!r} is longer than the {UNIX_PATH_MAX} bytes "
+                f"the {what} socket {str(path)!r} is longer than the {UNIX_PATH_MAX} bytes "
                 f"a Unix socket path may have: use a shorter --data-dir")
         return path
 

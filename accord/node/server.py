@@ -71,6 +71,7 @@ from accord.node.peerprobe import PeerProber, tls_credentials
 from accord.node.placement import WORKERS_FILE, PlacementError, WorkerPlan, check_workers
 from accord.node.supervisor import Supervisor
 from accord.node.tls import ReloadingTLS, client_files, peer_files
+from accord.node.workermetrics import WorkersMetricsServer
 from accord.node.workers import WorkerRouter
 from accord.proto import rpc_pb2
 from accord.raft.core.types import Role
@@ -169,6 +170,12 @@ class Node:
         if self.plan is None:
             return list(range(self.config.shards))
         return self.plan.shards_of(self.worker)
+
+    @property
+    def hosts_node_services(self) -> bool:
+        """Whether this process runs the node-wide groups and services (the meta group,
+        scheduler, checkpoints, SWIM): a node of one process, or worker 0 of several."""
+        return self.worker == 0
 
     @property
     def home_group(self) -> int:
@@ -279,15 +286,18 @@ class Node:
                      if self.client_tls is not None and cfg.client_url_is_tls(url) else None)
             self.client_ports.append(self.grpc.add_port(f"{h}:{p}", creds))
         versions = self.grpc.client_api_versions
-        if self.plan is None:  # a node of several workers serves no metrics yet
-            self.metrics.attach(self, GrpcCollector(calls, lambda: dict(versions)))
+        self.metrics.attach(self, GrpcCollector(calls, lambda: dict(versions)))
         checks = HealthChecks(self, read=None if self.plan is None else self._routed_read)
         if cfg.metrics_enabled:
             self.http = MetricsServer(self.metrics, checks)
-            await self.http.start([
-                (h, p, self._metrics_tls() if cfg.metrics_url_is_tls(url) else None)
-                for url, (h, p) in zip(cfg.metrics_urls(), cfg.metrics_listen_addresses(),
-                                       strict=True)])
+            if self.plan is not None:  # the supervisor serves the URLs, from every worker
+                await self.http.start_unix(
+                    self.plan.metrics_socket(Path(cfg.data_dir), self.worker))
+            else:
+                await self.http.start([
+                    (h, p, self._metrics_tls() if cfg.metrics_url_is_tls(url) else None)
+                    for url, (h, p) in zip(cfg.metrics_urls(), cfg.metrics_listen_addresses(),
+                                           strict=True)])
         if home:
             add_scheduler_service(self.grpc.server, self.scheduling)
             add_checkpoints_service(self.grpc.server, self.checkpoints)
@@ -663,7 +673,7 @@ async def serve(config: Config, log_context: logs.LogContext | None = None,
     tune_gc()
     cfg = node.config
     metrics = ""
-    if node.http is not None:
+    if node.http is not None and node.plan is None:  # else the supervisor serves them
         metrics = "; metrics on " + ", ".join(f"{u.rstrip('/')}/metrics" for u in cfg.metrics_urls())
     which = f" worker {worker} of {cfg.workers}" if cfg.workers > 1 else ""
     print(f"accord node {cfg.name}{which} (id {node.member_id:x}) serving clients on "
@@ -719,6 +729,7 @@ def check_layout(config: Config) -> WorkerPlan | None:
         plan.peer_port(port, config.workers - 1)
         for k in range(config.workers):
             plan.forward_socket(base, k)
+            plan.metrics_socket(base, k)
         make_dir_durably(base)
         check_workers(base, config.workers)
         return plan
@@ -733,20 +744,33 @@ async def supervise(config: Config, argv: Sequence[str]) -> int:
     cfg = config.resolved()
     cmd = [sys.executable, "-m", "accord", "serve", *argv]
     sup = Supervisor([cmd] * cfg.workers, env={SUPERVISOR_ENV: str(os.getpid())})
+    plan = WorkerPlan(cfg.workers, cfg.shards)
+    http: WorkersMetricsServer | None = None
+    if cfg.metrics_enabled:
+        http = WorkersMetricsServer([plan.metrics_socket(Path(cfg.data_dir), k)
+                                     for k in range(cfg.workers)])
+        await http.start(cfg.metrics_listen_addresses())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await sup.start()
-    print(f"accord node {cfg.name}: supervising {cfg.workers} workers (pids "
-          + ", ".join(str(w.pid) for w in sup.workers) + ")", flush=True)
-    stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-    failed: asyncio.Future[Any] = sup.failed
     try:
-        await asyncio.wait({stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
+        await sup.start()
+        metrics = ("; metrics on " + ", ".join(f"{u.rstrip('/')}/metrics"
+                                               for u in cfg.metrics_urls())
+                   if http is not None else "")
+        print(f"accord node {cfg.name}: supervising {cfg.workers} workers (pids "
+              + ", ".join(str(w.pid) for w in sup.workers) + ")" + metrics, flush=True)
+        stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+        failed: asyncio.Future[Any] = sup.failed
+        try:
+            await asyncio.wait({stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            await sup.stop()
     finally:
-        stopper.cancel()
-        await sup.stop()
+        if http is not None:
+            await http.stop()
     if sup.failed.done():
         print(f"accord serve: {sup.failed.result()}", file=sys.stderr)
         return 2

@@ -178,8 +178,8 @@ class ProcCluster:
             "--gossip-listen", f"{HOST}:{node.gossip_port}",
             "--gossip-seeds", ",".join(f"{HOST}:{x.gossip_port}" for x in self.nodes if x is not node),
             *(self.tls.serve_flags(node.name) if self.tls is not None else ()),
-            *(("--listen-metrics-urls", f"http://{HOST}:{node.metrics_port}")
-              if self.workers == 1 else ("--workers", str(self.workers))),
+            "--listen-metrics-urls", f"http://{HOST}:{node.metrics_port}",
+            *(("--workers", str(self.workers)) if self.workers > 1 else ()),
             *self.extra,
         ]
         log = open(node.log_path, "ab")

@@ -15,19 +15,23 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from accord.node.grpc_server import CLOCK_METADATA
 from accord.node.placement import WorkerPlan
 from accord.proto import rpc_pb2 as pb
 from accord.proto import rpc_pb2_grpc
 from accord.services.kv.sharding import shard_of
-from tests.integration.cluster import ProcCluster, ProcNode
+from tests.integration.cluster import HOST, ProcCluster, ProcNode
+from tests.integration.test_prometheus import Prometheus, needs_prometheus
 
 SHARDS = 4
 WORKERS = 2
@@ -219,6 +223,79 @@ def test_what_the_workers_cannot_do_is_refused_naming_the_flag(cluster: ProcClus
     for k in (a, b):
         got = retry(kv0.Range, pb.RangeRequest(key=k))
         assert [x.value for x in got.kvs] == [b"keep"]  # type: ignore[attr-defined]
+
+
+def _http(node: ProcNode, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}{path}",
+                                    timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _series(text: str, name: str) -> dict[str, float]:
+    """``worker`` label -> value of the series ``name`` (no other label) in ``text``."""
+    return {s.labels["worker"]: s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.name == name and set(s.labels) == {"worker"}}
+
+
+def test_the_supervisor_serves_every_workers_metrics_and_health(cluster: ProcCluster) -> None:
+    """A node of two workers answers /metrics and the health paths on its metrics URL
+    for both (``workermetrics.py``): each worker's series labelled with it; a worker
+    stopped by SIGSTOP is reported down and makes the node unhealthy, naming it, until
+    it resumes."""
+    node = cluster.nodes[1]
+    deadline = time.monotonic() + 30
+    while True:
+        status, text = _http(node, "/metrics")
+        leaders = _series(text, "etcd_server_has_leader") if status == 200 else {}
+        if leaders == {"0": 1.0, "1": 1.0}:
+            break
+        assert time.monotonic() < deadline, (status, leaders)
+        time.sleep(0.5)
+    assert _series(text, "accord_worker_up") == {"0": 1.0, "1": 1.0}
+    assert text.count("# TYPE etcd_server_has_leader gauge") == 1
+    groups = {s.labels["worker"] for fam in text_string_to_metric_families(text)
+              for s in fam.samples if s.name == "accord_raft_groups"}
+    assert groups == {"0", "1"}
+    assert _http(node, "/health")[0] == 200
+    assert _http(node, "/readyz")[0] == 200
+    pid = cluster.worker_pids(node)[1]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        status, body = _http(node, "/health")
+        assert (status, body) == (503, "worker 1: no answer\n")
+        status, text = _http(node, "/metrics")
+        assert status == 200 and _series(text, "accord_worker_up") == {"0": 1.0, "1": 0.0}
+        assert set(_series(text, "etcd_server_has_leader")) == {"0"}
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while _http(node, "/health")[0] != 200:
+        assert time.monotonic() < deadline, "the node stayed unhealthy after SIGCONT"
+        time.sleep(0.5)
+
+
+@needs_prometheus
+def test_a_real_prometheus_scrapes_nodes_of_two_workers(tmp_path: Path,
+                                                         cluster: ProcCluster) -> None:
+    """Debian's Prometheus takes the supervisors' merged exposition: every node's two
+    workers up, and each worker's shards led (``etcd_server_has_leader``) per instance."""
+    prom = Prometheus(tmp_path / "prometheus", [f"{HOST}:{n.metrics_port}" for n in cluster.nodes])
+    prom.start()
+    try:
+        def per_node(expr: str, want: float) -> dict[str, float] | None:
+            got = prom.query(expr)
+            return got if len(got) == 3 and all(v == want for v in got.values()) else None
+
+        prom.wait("every node's two workers up",
+                  lambda: per_node("sum by (instance) (accord_worker_up)", 2))
+        prom.wait("both workers of every node see their leaders",
+                  lambda: per_node("count by (instance) (etcd_server_has_leader == 1)", 2))
+        assert per_node("up", 1)
+    finally:
+        prom.stop()
 
 
 @pytest.mark.parametrize("index, node", [(1, 1), (0, 2)])

@@ -195,8 +195,8 @@ def test_resolved_does_not_share_lists() -> None:
     (["--workers", "4", "--shards", "2"], "workers 4: needs at least as many shards"),
     (["--workers", "2", "--initial-cluster-state", "existing"],
      "--workers 2 does not support joining a running cluster"),
-    (["--workers", "2", "--listen-metrics-urls", "http://127.0.0.1:9000"],
-     "--workers 2 does not support --listen-metrics-urls"),
+    (["--workers", "2", "--listen-metrics-urls", "https://127.0.0.1:9000"],
+     "listen-metrics-urls: https://127.0.0.1:9000 is https://"),
     (["--workers", "2", "--cert-file", "c.pem", "--key-file", "k.pem"],
      r"--workers 2 does not support TLS yet \(--cert-file\)"),
     (["--workers", "2", "--member-dead-after", "30"], "does not support --member-dead-after"),
@@ -211,9 +211,14 @@ def test_what_several_workers_refuse_at_startup(argv: list[str], why: str) -> No
         load_config(argv, {})
 
 
-def test_several_workers_serve_no_metrics_and_one_worker_is_unchanged() -> None:
-    two = load_config(["--workers", "2"], {})
-    assert two.workers == 2 and not two.metrics_enabled and two.metrics_urls() == []
-    assert load_config(["--workers", "2", "--listen-metrics-urls", "off"], {}).workers == 2
-    one = load_config([], {})
-    assert one.workers == 1 and one.metrics_enabled and one.metrics_urls()
+def test_several_workers_serve_metrics_where_one_would() -> None:
+    """The supervisor of a node of several workers serves the metrics URLs a node of
+    one process would (``workermetrics.py``); ``off`` turns them off for both."""
+    two = load_config(["--workers", "2", "--listen-client-urls", "http://127.0.0.1:2379"], {})
+    one = load_config(["--listen-client-urls", "http://127.0.0.1:2379"], {})
+    assert two.metrics_enabled and two.metrics_urls() == one.metrics_urls() == [
+        "http://127.0.0.1:3379"]
+    given = load_config(["--workers", "2", "--listen-metrics-urls", "http://127.0.0.1:9000"], {})
+    assert given.metrics_urls() == ["http://127.0.0.1:9000"]
+    off = load_config(["--workers", "2", "--listen-metrics-urls", "off"], {})
+    assert not off.metrics_enabled and off.metrics_urls() == []

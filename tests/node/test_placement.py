@@ -41,6 +41,7 @@ def test_workers_get_their_own_directories_ports_and_sockets(tmp_path: Path) -> 
     assert [plan.data_dir(tmp_path, k) for k in (0, 1)] == [tmp_path / "worker-0", tmp_path / "worker-1"]
     assert [plan.peer_port(2380, k) for k in (0, 1)] == [2380, 2381]
     assert plan.forward_socket(tmp_path, 1) == tmp_path / "worker-1.sock"
+    assert plan.metrics_socket(tmp_path, 1) == tmp_path / "worker-1.metrics.sock"
 
 
 @pytest.mark.parametrize(("workers", "shards", "says"), [
@@ -62,6 +63,8 @@ def test_out_of_range_lookups_are_errors(tmp_path: Path) -> None:
         plan.peer_port(65535, 0)
     with pytest.raises(PlacementError, match="shorter --data-dir"):
         plan.forward_socket(tmp_path / ("d" * 120), 0)
+    with pytest.raises(PlacementError, match=r"the metrics socket .* shorter --data-dir"):
+        plan.metrics_socket(tmp_path / ("d" * 100), 0)
 
 
 def test_worker_count_is_fixed_when_the_directory_is_created(tmp_path: Path) -> None:
