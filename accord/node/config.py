@@ -440,15 +440,6 @@ class Config:
         if self.member_dead_after > 0:
             out.append(f"{why} --member-dead-after yet (a replica repair would take the "
                        f"member out of worker 0's groups only)")
-        tls = [f for f in ("cert_file", "key_file", "trusted_ca_file", "peer_cert_file",
-                           "peer_key_file", "peer_trusted_ca_file") if getattr(self, f)]
-        tls += [f for f in ("client_cert_auth", "peer_client_cert_auth") if getattr(self, f)]
-        if tls:
-            out.append(f"{why} TLS yet (--{tls[0].replace('_', '-')})")
-        for url in (*self.listen_client_urls, *self.listen_peer_urls):
-            if url_scheme(url) == "https":
-                out.append(f"{why} TLS yet ({url})")
-                break
         return out
 
     def validate(self) -> None:

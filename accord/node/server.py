@@ -747,9 +747,21 @@ async def supervise(config: Config, argv: Sequence[str]) -> int:
     plan = WorkerPlan(cfg.workers, cfg.shards)
     http: WorkersMetricsServer | None = None
     if cfg.metrics_enabled:
+        files = client_files(cfg)
+        client_tls = ReloadingTLS(files) if files is not None else None
+
+        def context(url: str) -> ssl.SSLContext | None:
+            if not cfg.metrics_url_is_tls(url):
+                return None
+            if client_tls is None:
+                raise ConfigError("listen-metrics-urls: https:// needs --cert-file and "
+                                  "--key-file")
+            return following(client_tls.server_context)
+
         http = WorkersMetricsServer([plan.metrics_socket(Path(cfg.data_dir), k)
                                      for k in range(cfg.workers)])
-        await http.start(cfg.metrics_listen_addresses())
+        await http.start([(h, p, context(url)) for url, (h, p) in zip(
+            cfg.metrics_urls(), cfg.metrics_listen_addresses(), strict=True)])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

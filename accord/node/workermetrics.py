@@ -15,13 +15,15 @@ every request from all of its workers (``docs/workers.md``):
   every worker answers 200, else the first other answer, its body prefixed by the
   worker's name (a worker that does not answer is a 503 naming it).
 
-Only plain HTTP: a node of several workers refuses TLS (``config.py``).
+An ``https://`` metrics URL is served with the client certificate, as a node of one
+process serves it (the workers' sockets are local and plain).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -99,8 +101,9 @@ class WorkersMetricsServer:
             app.router.add_route("*", path, self._health)
         return app
 
-    async def start(self, addresses: Sequence[tuple[str, int]]) -> None:
-        """Listen on every ``(host, port)``; ``OSError`` naming the address that failed."""
+    async def start(self, addresses: Sequence[tuple[str, int, ssl.SSLContext | None]]) -> None:
+        """Listen on every ``(host, port, TLS context or None)``; ``OSError`` naming the
+        address that failed."""
         self._sessions = [
             aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(p)),
                                   timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S))
@@ -109,11 +112,13 @@ class WorkersMetricsServer:
         await runner.setup()
         self._runner = runner
         try:
-            for host, port in addresses:
+            for host, port, context in addresses:
                 try:
-                    await web.TCPSite(runner, host, port, reuse_address=True).start()
+                    await web.TCPSite(runner, host, port, reuse_address=True,
+                                      ssl_context=context).start()
                 except OSError as e:
-                    raise OSError(f"cannot serve metrics on http://{host}:{port}: "
+                    scheme = "https" if context is not None else "http"
+                    raise OSError(f"cannot serve metrics on {scheme}://{host}:{port}: "
                                   f"{e.strerror or e}") from e
             self.ports = [int(addr[1]) for addr in runner.addresses]
         except BaseException:

@@ -20,13 +20,17 @@ so that each etcd method is, on every worker alike:
 * **local** (reflection, gRPC health): each worker answers for itself (its health: its
   groups have leaders and the health key reads through its owner; its answers carry the
   node's clock for the peers' clock guards);
-* **refused** (everything else: watches, leases, compaction, member changes, hashes,
+* **across every worker** (KV ``Compact``): every worker's shards checked (etcd's
+  ``compacted`` and ``future revision`` refusals, nothing changed), then each worker
+  compacts its own (``CompactState``, ``CompactParts`` on the forwarding socket), as
+  ``StateMachineBackend.compact`` compacts every shard of one process;
+* **refused** (everything else: watches, leases, member changes, hashes,
   snapshots, leader moves, enabling auth, locks and elections, accord's own services):
   UNIMPLEMENTED with a message naming ``--workers``, never a partial answer from one
   worker's shards.
 
 The forwarding socket of each worker serves the *local* handlers (never the routing
-ones: a call is forwarded at most once) and the two internal range steps.
+ones: a call is forwarded at most once) and the internal range and compaction steps.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from accord.node.forwardgrpc import DEFAULT_TIMEOUT_S, forward_unary, owner_hand
 from accord.node.placement import WorkerPlan
 from accord.proto import rpc_pb2
 from accord.services.kv import errors, fanout, sharding
+from accord.services.kv.backend import check_compaction
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.servicer import fill_header
@@ -55,6 +60,12 @@ ReadIndex barrier on each when ``barrier``)."""
 RANGE_PARTS = "/accord.worker/RangeParts"
 """Internal: ``[RangeRequest, shards, R, serializable]`` -> each shard's answer at R
 (floored there first unless serializable)."""
+COMPACT_STATE = "/accord.worker/CompactState"
+"""Internal: ``[shards]`` -> ``[highest revision, highest compaction]`` of those shards."""
+COMPACT_PARTS = "/accord.worker/CompactParts"
+"""Internal: ``[CompactionRequest, shards]`` -> those shards compacted at its revision
+(each floored there first); the highest revision of their answers."""
+COMPACT = f"{KV}Compact"
 
 ROUTED = {f"{KV}Range", f"{KV}Put", f"{KV}DeleteRange", f"{KV}Txn"}
 ON_WORKER_0 = {
@@ -116,11 +127,15 @@ class WorkerRouter:
             {m: h for m, h in local.items() if m in ROUTED or m in ON_WORKER_0})
         served[RANGE_TOPS] = self._serve_tops
         served[RANGE_PARTS] = self._serve_parts
+        served[COMPACT_STATE] = self._serve_compact_state
+        served[COMPACT_PARTS] = self._serve_compact_parts
         n = self.plan.workers
         for method, h in local.items():
             if method.startswith(LOCAL_PREFIXES):
                 continue
-            if method in ROUTED:
+            if method == COMPACT:
+                handlers[method] = self._compacting(h)
+            elif method in ROUTED:
                 handlers[method] = self._routed(method, h)
             elif method in ON_WORKER_0:
                 if self.index != 0:
@@ -200,6 +215,77 @@ class WorkerRouter:
                 f"(docs/workers.md, \"Status\"); keep its keys under one prefix /a/b/ or run "
                 f"the node with --workers 1")
         return self.plan.worker_of_shard(shards[0])
+
+    # -- a compaction across workers -----------------------------------------
+
+    def _compacting(self, h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        async def compact(request: rpc_pb2.CompactionRequest,
+                          context: grpc.aio.ServicerContext) -> rpc_pb2.CompactionResponse:
+            try:
+                resp = await self.compact_across(request)
+            except EtcdError as e:
+                await context.abort(e.code, e.message)
+            except ForwardedError as e:
+                await context.abort(e.code, e.message)
+            fill_header(resp.header, self.backend)
+            return resp
+
+        return grpc.unary_unary_rpc_method_handler(
+            compact, request_deserializer=h.request_deserializer,
+            response_serializer=h.response_serializer)
+
+    async def compact_across(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
+        """``req`` on every shard of the node, each worker compacting its own: checked
+        against every shard's revision and compaction first (etcd's ``compacted`` and
+        ``future revision`` refusals, nothing changed), then applied on each worker's
+        shards, as ``StateMachineBackend.compact`` applies it on every shard."""
+        by_worker = self._by_worker(range(self.plan.shards))
+        states = await asyncio.gather(*(self._compact_state(w, s) for w, s in by_worker.items()))
+        check_compaction(req.revision, max(t for t, _c in states), max(c for _t, c in states))
+        revs = await asyncio.gather(*(self._compact_parts(w, req, s)
+                                      for w, s in by_worker.items()))
+        resp = rpc_pb2.CompactionResponse()
+        resp.header.revision = max(revs)
+        return resp
+
+    async def _compact_state(self, worker: int, shards: list[int]) -> tuple[int, int]:
+        if worker == self.index:
+            return self.local_compact_state(shards)
+        raw = msgpack.unpackb(await self.clients[worker].call(
+            COMPACT_STATE, msgpack.packb([shards]), DEFAULT_TIMEOUT_S))
+        return int(raw[0]), int(raw[1])
+
+    async def _compact_parts(self, worker: int, req: rpc_pb2.CompactionRequest,
+                             shards: list[int]) -> int:
+        if worker == self.index:
+            return await self.local_compact(req, shards)
+        body = msgpack.packb([req.SerializeToString(), shards])
+        return int(msgpack.unpackb(await self.clients[worker].call(
+            COMPACT_PARTS, body, DEFAULT_TIMEOUT_S)))
+
+    def local_compact_state(self, shards: Sequence[int]) -> tuple[int, int]:
+        """``(highest revision, highest compaction)`` of this worker's ``shards``."""
+        for s in shards:
+            self.backend._check_local(s)
+        return self.backend.compaction_state(shards)
+
+    async def local_compact(self, req: rpc_pb2.CompactionRequest, shards: Sequence[int]) -> int:
+        """This worker's ``shards`` compacted at ``req.revision``."""
+        for s in shards:
+            self.backend._check_local(s)
+        return await self.backend.compact_shards(req, shards)
+
+    async def _serve_compact_state(self, body: bytes) -> bytes:
+        (shards,) = _decode(body, 1)
+        try:
+            return bytes(msgpack.packb(list(self.local_compact_state(shards))))
+        except EtcdError as e:
+            raise ForwardedError(e.code, e.message) from None
+
+    async def _serve_compact_parts(self, body: bytes) -> bytes:
+        raw, shards = _decode(body, 2)
+        req = rpc_pb2.CompactionRequest.FromString(raw)
+        return bytes(msgpack.packb(await _etcd(self.local_compact(req, shards))))
 
     # -- a range across workers ----------------------------------------------
 

@@ -5,7 +5,8 @@ for keys of either worker's shards (the call forwarded inside the node when it l
 on the other worker), ranges over every shard are one snapshot, a kill -9 of one worker
 process is repaired by the node's supervisor while the cluster keeps serving, and what
 the workers cannot do yet is refused with an error that names ``--workers``, changing
-nothing.
+nothing; all of it under mutual TLS on the client and peer ports, and the node's
+``/metrics`` and health endpoints served by its supervisor from every worker.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from accord.node.placement import WorkerPlan
 from accord.proto import rpc_pb2 as pb
 from accord.proto import rpc_pb2_grpc
 from accord.services.kv.sharding import shard_of
-from tests.integration.cluster import HOST, ProcCluster, ProcNode
+from tests.compat.etcdctl import etcdctl
+from tests.integration.cluster import HOST, ClusterTLS, ProcCluster, ProcNode
 from tests.integration.test_prometheus import Prometheus, needs_prometheus
 
 SHARDS = 4
@@ -41,8 +43,10 @@ RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    with ProcCluster(tmp_path_factory.mktemp("workers"), 3, workers=WORKERS,
-                     extra=("--shards", str(SHARDS))) as c:
+    """Three nodes of two workers, clients and peers under mutual TLS (etcd's flags)."""
+    root = tmp_path_factory.mktemp("workers")
+    tls = ClusterTLS.make(root / "certs", ["n1", "n2", "n3"])
+    with ProcCluster(root, 3, workers=WORKERS, tls=tls, extra=("--shards", str(SHARDS))) as c:
         yield c
 
 
@@ -194,7 +198,6 @@ def test_what_the_workers_cannot_do_is_refused_naming_the_flag(cluster: ProcClus
             unimplemented = {
                 "lease": _refused(rpc_pb2_grpc.LeaseStub(ch).LeaseGrant,
                                   pb.LeaseGrantRequest(TTL=10)),
-                "compact": _refused(kv.Compact, pb.CompactionRequest(revision=1)),
                 "member add": _refused(rpc_pb2_grpc.ClusterStub(ch).MemberAdd,
                                        pb.MemberAddRequest(peerURLs=["http://127.0.0.1:1"])),
                 "hash": _refused(rpc_pb2_grpc.MaintenanceStub(ch).HashKV, pb.HashKVRequest()),
@@ -277,6 +280,40 @@ def test_the_supervisor_serves_every_workers_metrics_and_health(cluster: ProcClu
         time.sleep(0.5)
 
 
+def test_a_compaction_through_any_endpoint_compacts_both_workers_shards(
+        cluster: ProcCluster) -> None:
+    """etcd's Compact on a node of two workers: every shard of every worker compacted at
+    the revision (history below it gone for keys of either worker), and etcd's refusals
+    when it is at or below the last compaction or above the store's revision."""
+    keys = [keys_of_worker(w, "/compact/", 1)[0] for w in range(WORKERS)]
+    kv = fresh_kv(cluster.nodes[0])
+    first: dict[bytes, int] = {}
+    last = 0
+    for k in keys:
+        for v in (b"old", b"new"):
+            rev = int(retry(kv.Put, pb.PutRequest(key=k, value=v)).header.revision)  # type: ignore[attr-defined]
+            first.setdefault(k, rev)
+            last = max(last, rev)
+    for k in keys:  # history readable before
+        got = retry(kv.Range, pb.RangeRequest(key=k, revision=first[k]))
+        assert [x.value for x in got.kvs] == [b"old"]  # type: ignore[attr-defined]
+    other = fresh_kv(cluster.nodes[1])
+    retry(other.Compact, pb.CompactionRequest(revision=last))
+    for node in cluster.nodes:
+        reader = fresh_kv(node)
+        for k in keys:
+            err = _refused(reader.Range, pb.RangeRequest(key=k, revision=first[k]))
+            assert err.code() == grpc.StatusCode.OUT_OF_RANGE, (node.name, k)
+            assert "compacted" in (err.details() or "")
+            got = retry(reader.Range, pb.RangeRequest(key=k))
+            assert [x.value for x in got.kvs] == [b"new"]  # type: ignore[attr-defined]
+    kv = fresh_kv(cluster.nodes[2])
+    again = _refused(kv.Compact, pb.CompactionRequest(revision=last))
+    assert again.code() == grpc.StatusCode.OUT_OF_RANGE and "compacted" in (again.details() or "")
+    future = _refused(kv.Compact, pb.CompactionRequest(revision=last + (1 << 60)))
+    assert future.code() == grpc.StatusCode.OUT_OF_RANGE and "future" in (future.details() or "")
+
+
 @needs_prometheus
 def test_a_real_prometheus_scrapes_nodes_of_two_workers(tmp_path: Path,
                                                          cluster: ProcCluster) -> None:
@@ -296,6 +333,30 @@ def test_a_real_prometheus_scrapes_nodes_of_two_workers(tmp_path: Path,
         assert per_node("up", 1)
     finally:
         prom.stop()
+
+
+def test_nodes_of_two_workers_under_mutual_tls(cluster: ProcCluster) -> None:
+    """The module's cluster runs with etcd's TLS flags: the shared client port and every
+    worker's peer links under mutual TLS. Real etcdctl writes keys of both workers through
+    every endpoint and reads each back from every member; a client without a certificate
+    is refused."""
+    tls = cluster.tls
+    assert tls is not None
+    keys = [k.decode() for w in range(WORKERS) for k in keys_of_worker(w, "/tls/", 2)]
+    flags = tls.etcdctl_flags()
+    for node in cluster.nodes:
+        for key in keys:
+            assert etcdctl(node.client_url, *flags, "put", key, node.name).strip() == "OK"
+    for node in cluster.nodes:
+        out = etcdctl(node.client_url, *flags, "get", "/tls/", "--prefix")
+        assert out.split() == [x for key in sorted(keys) for x in (key, "n3")], node.name
+    status = etcdctl(",".join(n.client_url for n in cluster.nodes), *flags, "endpoint",
+                     "status", "-w", "table")
+    assert status.count("https://127.0.0.1:") == 3
+    refused = etcdctl(cluster.nodes[0].client_url, f"--cacert={tls.client.ca}",
+                      "--dial-timeout=2s", "--command-timeout=4s", "put", "/tls/x", "y",
+                      check=False)
+    assert "OK" not in refused.split(), refused
 
 
 @pytest.mark.parametrize("index, node", [(1, 1), (0, 2)])

@@ -197,18 +197,25 @@ def test_resolved_does_not_share_lists() -> None:
      "--workers 2 does not support joining a running cluster"),
     (["--workers", "2", "--listen-metrics-urls", "https://127.0.0.1:9000"],
      "listen-metrics-urls: https://127.0.0.1:9000 is https://"),
-    (["--workers", "2", "--cert-file", "c.pem", "--key-file", "k.pem"],
-     r"--workers 2 does not support TLS yet \(--cert-file\)"),
     (["--workers", "2", "--member-dead-after", "30"], "does not support --member-dead-after"),
-    (["--workers", "2", "--peer-client-cert-auth"], r"does not support TLS yet \(--peer-client-cert-auth\)"),
-    (["--workers", "2", "--listen-client-urls", "https://127.0.0.1:2379"],
-     r"does not support TLS yet \(https://127.0.0.1:2379\)"),
 ])
 def test_what_several_workers_refuse_at_startup(argv: list[str], why: str) -> None:
     """docs/workers.md, "Status": a setting the workers cannot honour stops the node
     before it starts, naming it (never accepted and ignored)."""
     with pytest.raises(ConfigError, match=why):
         load_config(argv, {})
+
+
+def test_several_workers_take_tls_as_one_process_does() -> None:
+    """Each worker serves the shared client port and its own peer port with the node's
+    certificates; the forwarding and metrics sockets are local (``docs/workers.md``)."""
+    flags = ["--listen-client-urls", "https://127.0.0.1:2379", "--cert-file", "c.pem",
+             "--key-file", "k.pem", "--trusted-ca-file", "ca.pem", "--client-cert-auth",
+             "--listen-peer-urls", "https://127.0.0.1:2380", "--peer-cert-file", "p.pem",
+             "--peer-key-file", "pk.pem", "--peer-trusted-ca-file", "ca.pem",
+             "--peer-client-cert-auth"]
+    two = load_config(["--workers", "2", *flags], {})
+    assert two.workers == 2 and two.client_cert_auth and two.peer_tls
 
 
 def test_several_workers_serve_metrics_where_one_would() -> None:

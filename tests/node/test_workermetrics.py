@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +15,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.parser import text_string_to_metric_families
 
 from accord.node import workermetrics
+from accord.node.certs import make_cluster_pki
+from accord.node.httpserve import following
+from accord.node.tls import ReloadingTLS, TLSFiles
 from accord.node.workermetrics import WorkersMetricsServer, merge
 
 
@@ -98,7 +102,7 @@ async def test_the_supervisor_serves_every_workers_metrics_and_health(
     workers = [await serve_worker(sockets[0], worker_text(0, 1)),
                await serve_worker(sockets[1], worker_text(1, 1))]
     server = WorkersMetricsServer(sockets)
-    await server.start([("127.0.0.1", 0)])
+    await server.start([("127.0.0.1", 0, None)])
     try:
         status, text = await get(server.ports[0], "/metrics")
         assert status == 200
@@ -123,7 +127,7 @@ async def test_a_worker_unhealthy_or_silent_makes_the_node_unhealthy(
     workers = [await serve_worker(sockets[0], worker_text(0, 1), health=503),
                await serve_worker(sockets[1], worker_text(1, 1), hang=hang)]
     server = WorkersMetricsServer(sockets)
-    await server.start([("127.0.0.1", 0)])
+    await server.start([("127.0.0.1", 0, None)])
     try:
         assert await get(server.ports[0], "/health") == (503, "worker 0: [-]leader failed\n")
         await workers[0].cleanup()
@@ -138,6 +142,34 @@ async def test_a_worker_unhealthy_or_silent_makes_the_node_unhealthy(
         assert ("etcd_server_has_leader", (("worker", "1"),)) not in got
     finally:
         hang.set()
+        await server.stop()
+        for w in workers:
+            await w.cleanup()
+
+
+async def test_an_https_metrics_url_is_served_with_the_client_certificate(
+        sockets: list[Path], tmp_path: Path) -> None:
+    """As a node of one process serves it: the supervisor presents the node's client
+    certificate and, with a trusted CA, asks for the scraper's."""
+    _ca, files = make_cluster_pki(tmp_path / "certs", ["n1"])
+    node, client = files["n1"], files["client"]
+    tls = ReloadingTLS(TLSFiles(str(node.cert), str(node.key), str(node.ca)))
+    workers = [await serve_worker(sockets[0], worker_text(0, 1)),
+               await serve_worker(sockets[1], worker_text(1, 1))]
+    server = WorkersMetricsServer(sockets)
+    await server.start([("127.0.0.1", 0, following(tls.server_context))])
+    try:
+        trusting = ssl.create_default_context(cafile=str(client.ca))
+        trusting.load_cert_chain(str(client.cert), str(client.key))
+        url = f"https://127.0.0.1:{server.ports[0]}/metrics"
+        async with aiohttp.ClientSession() as s, s.get(url, ssl=trusting) as r:
+            assert r.status == 200
+            assert samples(await r.text())[("accord_worker_up", (("worker", "1"),))] == 1.0
+        anonymous = ssl.create_default_context(cafile=str(client.ca))
+        with pytest.raises(aiohttp.ClientError):
+            async with aiohttp.ClientSession() as s, s.get(url, ssl=anonymous) as r:
+                await r.text()
+    finally:
         await server.stop()
         for w in workers:
             await w.cleanup()

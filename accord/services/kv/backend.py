@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
@@ -679,18 +679,28 @@ class StateMachineBackend(ABC):
             self.sm.validate_compact(req)
             result: rpc_pb2.CompactionResponse = await self.commit(self.sm.encode_compact(req))
             return result
-        for s, m in enumerate(self.machines):
-            if m.intents:
-                await self.xcoord.wait_free(s, (), below=req.revision)
-        if req.revision <= max(m.compact_revision for m in self.machines):
-            raise errors.COMPACTED
-        if req.revision > self.revision:
-            raise errors.FUTURE_REV
-        enc = self.sm.encode_compact(req, min_revision=req.revision)
-        parts = await self._each(range(self.shards), lambda s: self.commit_free(enc, s))
+        every = range(self.shards)
+        check_compaction(req.revision, *self.compaction_state(every))
         resp = rpc_pb2.CompactionResponse()
-        resp.header.revision = max(p.header.revision for p in parts)
+        resp.header.revision = await self.compact_shards(req, every)
         return resp
+
+    def compaction_state(self, shards: Iterable[int]) -> tuple[int, int]:
+        """``(highest revision, highest compaction)`` of ``shards`` on this replica: what
+        a Compact over them is checked against (:func:`check_compaction`)."""
+        ms = [self.machines[s] for s in shards]
+        return max(int(m.revision) for m in ms), max(int(m.compact_revision) for m in ms)
+
+    async def compact_shards(self, req: rpc_pb2.CompactionRequest, shards: Iterable[int]) -> int:
+        """Compact ``shards`` at ``req.revision``, each floored there first and the intents
+        below it waited out; the highest revision their answers carry."""
+        chosen = list(shards)
+        for s in chosen:
+            if self.machines[s].intents:
+                await self.xcoord.wait_free(s, (), below=req.revision)
+        enc = self.sm.encode_compact(req, min_revision=req.revision)
+        parts = await self._each(chosen, lambda s: self.commit_free(enc, s))
+        return max(int(p.header.revision) for p in parts)
 
     # --- leases ---------------------------------------------------------------------------
     async def _on_other_shards(self, command: bytes, tolerate: tuple[EtcdError, ...]) -> None:
@@ -870,6 +880,15 @@ class StateMachineBackend(ABC):
     @abstractmethod
     def header_info(self) -> HeaderInfo:
         """Identity and Raft facts for headers."""
+
+
+def check_compaction(revision: int, top: int, compacted: int) -> None:
+    """etcd's refusals of a Compact at ``revision`` over shards whose highest revision is
+    ``top`` and highest compaction ``compacted``."""
+    if revision <= compacted:
+        raise errors.COMPACTED
+    if revision > top:
+        raise errors.FUTURE_REV
 
 
 def _txn_puts(req: rpc_pb2.TxnRequest) -> bool:
