@@ -20,10 +20,11 @@ so that each etcd method is, on every worker alike:
 * **local** (reflection, gRPC health): each worker answers for itself (its health: its
   groups have leaders and the health key reads through its owner; its answers carry the
   node's clock for the peers' clock guards);
-* **across every worker** (KV ``Compact``): every worker's shards checked (etcd's
-  ``compacted`` and ``future revision`` refusals, nothing changed), then each worker
-  compacts its own (``CompactState``, ``CompactParts`` on the forwarding socket), as
-  ``StateMachineBackend.compact`` compacts every shard of one process;
+* **across every worker** (KV ``Compact``, Maintenance ``HashKV``): every worker's
+  shards checked (etcd's ``compacted`` and ``future revision`` refusals, nothing
+  changed), then each worker compacts (``CompactState``, ``CompactParts`` on the
+  forwarding socket) or hashes (``HashParts``) its own, as ``StateMachineBackend``
+  compacts every shard of one process and combines their hashes in shard order;
 * **refused** (everything else: watches, leases, member changes, hashes,
   snapshots, leader moves, enabling auth, locks and elections, accord's own services):
   UNIMPLEMENTED with a message naming ``--workers``, never a partial answer from one
@@ -48,7 +49,7 @@ from accord.node.forwardgrpc import DEFAULT_TIMEOUT_S, forward_unary, owner_hand
 from accord.node.placement import WorkerPlan
 from accord.proto import rpc_pb2
 from accord.services.kv import errors, fanout, sharding
-from accord.services.kv.backend import check_compaction
+from accord.services.kv.backend import check_compaction, check_hash_revision
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.servicer import fill_header
@@ -66,6 +67,9 @@ COMPACT_PARTS = "/accord.worker/CompactParts"
 """Internal: ``[CompactionRequest, shards]`` -> those shards compacted at its revision
 (each floored there first); the highest revision of their answers."""
 COMPACT = f"{KV}Compact"
+HASH_PARTS = "/accord.worker/HashParts"
+"""Internal: ``[revision, shards]`` -> ``[[hash, compaction], ...]`` of those shards."""
+HASH_KV = "/etcdserverpb.Maintenance/HashKV"
 
 ROUTED = {f"{KV}Range", f"{KV}Put", f"{KV}DeleteRange", f"{KV}Txn"}
 ON_WORKER_0 = {
@@ -129,12 +133,15 @@ class WorkerRouter:
         served[RANGE_PARTS] = self._serve_parts
         served[COMPACT_STATE] = self._serve_compact_state
         served[COMPACT_PARTS] = self._serve_compact_parts
+        served[HASH_PARTS] = self._serve_hash_parts
         n = self.plan.workers
         for method, h in local.items():
             if method.startswith(LOCAL_PREFIXES):
                 continue
             if method == COMPACT:
-                handlers[method] = self._compacting(h)
+                handlers[method] = self._across(h, self.compact_across)
+            elif method == HASH_KV:
+                handlers[method] = self._across(h, self.hash_kv_across)
             elif method in ROUTED:
                 handlers[method] = self._routed(method, h)
             elif method in ON_WORKER_0:
@@ -218,11 +225,12 @@ class WorkerRouter:
 
     # -- a compaction across workers -----------------------------------------
 
-    def _compacting(self, h: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        async def compact(request: rpc_pb2.CompactionRequest,
-                          context: grpc.aio.ServicerContext) -> rpc_pb2.CompactionResponse:
+    def _across(self, h: grpc.RpcMethodHandler,
+                serve: Callable[[Any], Awaitable[Any]]) -> grpc.RpcMethodHandler:
+        """``h``'s shape, served by ``serve`` here from every worker's shards."""
+        async def across(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
-                resp = await self.compact_across(request)
+                resp = await serve(request)
             except EtcdError as e:
                 await context.abort(e.code, e.message)
             except ForwardedError as e:
@@ -231,8 +239,49 @@ class WorkerRouter:
             return resp
 
         return grpc.unary_unary_rpc_method_handler(
-            compact, request_deserializer=h.request_deserializer,
+            across, request_deserializer=h.request_deserializer,
             response_serializer=h.response_serializer)
+
+    async def hash_kv_across(self, req: rpc_pb2.HashKVRequest) -> rpc_pb2.HashKVResponse:
+        """etcd's HashKV over every shard of the node: each worker hashes its own, the
+        hashes combined in shard order as ``StateMachineBackend.hash_kv`` combines them,
+        so members with the same contents answer the same hash whatever their workers."""
+        by_worker = self._by_worker(range(self.plan.shards))
+        states = await asyncio.gather(*(self._compact_state(w, s) for w, s in by_worker.items()))
+        top = max(t for t, _c in states)
+        check_hash_revision(req.revision, top, max(c for _t, c in states))
+        answers = await asyncio.gather(*(self._hash_parts(w, req.revision, s)
+                                         for w, s in by_worker.items()))
+        by_shard = {s: part for (_w, shards), parts in zip(by_worker.items(), answers,
+                                                            strict=True)
+                    for s, part in zip(shards, parts, strict=True)}
+        ordered = [by_shard[s] for s in range(self.plan.shards)]
+        resp = rpc_pb2.HashKVResponse(hash=fanout.combine_hashes([h for h, _c in ordered]),
+                                      compact_revision=max(c for _h, c in ordered))
+        resp.header.revision = top
+        return resp
+
+    async def _hash_parts(self, worker: int, revision: int,
+                          shards: list[int]) -> list[tuple[int, int]]:
+        if worker == self.index:
+            return self.local_hashes(revision, shards)
+        raw = msgpack.unpackb(await self.clients[worker].call(
+            HASH_PARTS, msgpack.packb([revision, shards]), DEFAULT_TIMEOUT_S))
+        return [(int(h), int(c)) for h, c in raw]
+
+    def local_hashes(self, revision: int, shards: Sequence[int]) -> list[tuple[int, int]]:
+        """``(hash, compaction)`` of each of this worker's ``shards`` up to ``revision``."""
+        for s in shards:
+            self.backend._check_local(s)
+        return self.backend.shard_hashes(revision, shards)
+
+    async def _serve_hash_parts(self, body: bytes) -> bytes:
+        revision, shards = _decode(body, 2)
+        try:
+            return bytes(msgpack.packb([list(p) for p in self.local_hashes(int(revision),
+                                                                           shards)]))
+        except EtcdError as e:
+            raise ForwardedError(e.code, e.message) from None
 
     async def compact_across(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
         """``req`` on every shard of the node, each worker compacting its own: checked

@@ -200,7 +200,7 @@ def test_what_the_workers_cannot_do_is_refused_naming_the_flag(cluster: ProcClus
                                   pb.LeaseGrantRequest(TTL=10)),
                 "member add": _refused(rpc_pb2_grpc.ClusterStub(ch).MemberAdd,
                                        pb.MemberAddRequest(peerURLs=["http://127.0.0.1:1"])),
-                "hash": _refused(rpc_pb2_grpc.MaintenanceStub(ch).HashKV, pb.HashKVRequest()),
+                "hash": _refused(rpc_pb2_grpc.MaintenanceStub(ch).Hash, pb.HashRequest()),
                 "auth enable": _refused(rpc_pb2_grpc.AuthStub(ch).AuthEnable,
                                         pb.AuthEnableRequest()),
             }
@@ -311,6 +311,44 @@ def test_a_compaction_through_any_endpoint_compacts_both_workers_shards(
     again = _refused(kv.Compact, pb.CompactionRequest(revision=last))
     assert again.code() == grpc.StatusCode.OUT_OF_RANGE and "compacted" in (again.details() or "")
     future = _refused(kv.Compact, pb.CompactionRequest(revision=last + (1 << 60)))
+    assert future.code() == grpc.StatusCode.OUT_OF_RANGE and "future" in (future.details() or "")
+
+
+def test_hashkv_agrees_on_every_member_and_follows_the_contents(cluster: ProcCluster) -> None:
+    """etcd's HashKV on nodes of two workers: every worker hashes its shards, combined in
+    shard order, so every member answers one hash for one revision (what `etcdctl
+    endpoint hashkv` compares), a later write changes the hash at its revision and not
+    at the earlier one, and a revision above the store's is refused."""
+    keys = [keys_of_worker(w, "/hash/", 1)[0] for w in range(WORKERS)]
+    kv = fresh_kv(cluster.nodes[0])
+    rev = max(int(retry(kv.Put, pb.PutRequest(key=k, value=b"v")).header.revision)  # type: ignore[attr-defined]
+              for k in keys)
+
+    def hashes(at: int) -> dict[str, int]:
+        out = {}
+        for node in cluster.nodes:
+            resp = retry(node.maintenance().HashKV, pb.HashKVRequest(revision=at))
+            out[node.name] = int(resp.hash)  # type: ignore[attr-defined]
+        return out
+
+    def agreed(at: int) -> int:
+        deadline = time.monotonic() + 20
+        while len(set((got := hashes(at)).values())) != 1:  # a member still applying
+            assert time.monotonic() < deadline, got
+            time.sleep(0.2)
+        return next(iter(got.values()))
+
+    before = agreed(rev)
+    later = int(retry(kv.Put, pb.PutRequest(key=keys[1], value=b"w")).header.revision)  # type: ignore[attr-defined]
+    assert agreed(later) != before
+    assert agreed(rev) == before
+    tls = cluster.tls
+    assert tls is not None
+    out = etcdctl(",".join(n.client_url for n in cluster.nodes), *tls.etcdctl_flags(),
+                  "endpoint", "hashkv", f"--rev={rev}")
+    assert out.count(f", {before}") == 3, out
+    future = _refused(cluster.nodes[0].maintenance().HashKV,
+                      pb.HashKVRequest(revision=later + (1 << 60)))
     assert future.code() == grpc.StatusCode.OUT_OF_RANGE and "future" in (future.details() or "")
 
 

@@ -235,6 +235,26 @@ async def test_hash_kv_agrees_between_replicas_with_the_same_history() -> None:
     assert (await a.hash_kv(0)).hash != (await b.hash_kv(0)).hash
 
 
+async def test_hash_kv_after_a_compaction_hashes_shards_not_written_since() -> None:
+    """A compaction floors every shard at its revision; a shard written nothing since
+    stands at that revision, and HashKV at any later revision (what ``etcdctl endpoint
+    hashkv`` asks after a compaction) hashes it as it stands instead of refusing it as
+    compacted. At or below the compaction it is refused, as etcd 3.4 refuses."""
+    b = InProcessShards(3)
+    keys = _keys_on_distinct_shards(b, 3)
+    for k in keys:
+        await b.put(pb.PutRequest(key=k, value=b"1"))
+    top = b.revision
+    await b.compact(pb.CompactionRequest(revision=top))
+    later = (await b.put(pb.PutRequest(key=keys[0], value=b"2"))).header.revision
+    at_later = await b.hash_kv(later)
+    assert at_later.compact_revision == top
+    assert at_later.hash == (await b.hash_kv(0)).hash
+    with pytest.raises(EtcdError) as e:
+        await b.hash_kv(top)
+    assert e.value.message == errors.COMPACTED.message
+
+
 def test_the_lock_grant_record_rule_matches_the_lock_recipe() -> None:
     from accord.locks import keys
 

@@ -867,15 +867,24 @@ class StateMachineBackend(ABC):
         if self.shards == 1:
             h, compact_rev = self.sm.hash_kv(revision)
             return HashKVResult(int(h), int(compact_rev), self.revision)
-        if revision > self.revision:
-            raise errors.FUTURE_REV
-        hashes = []
-        compact = 0
-        for m in self.machines:
-            h, c = m.hash_kv(min(revision, m.revision) if revision > 0 else 0)
-            hashes.append(h)
-            compact = max(compact, int(c))
-        return HashKVResult(fanout.combine_hashes(hashes), compact, self.revision)
+        every = range(self.shards)
+        check_hash_revision(revision, *self.compaction_state(every))
+        parts = self.shard_hashes(revision, every)
+        return HashKVResult(fanout.combine_hashes([h for h, _c in parts]),
+                            max(c for _h, c in parts), self.revision)
+
+    def shard_hashes(self, revision: int, shards: Iterable[int]) -> list[tuple[int, int]]:
+        """``(hash, compaction)`` of each of ``shards`` up to ``revision`` (0: its latest),
+        combined in shard order by :meth:`hash_kv` (and across a node's workers the same
+        way). A shard at or behind ``revision`` is hashed as it stands: it has nothing
+        between (a shard written nothing since a compaction stands at the compaction's
+        revision, which etcd would refuse to hash *at*, though nothing there changed)."""
+        out = []
+        for s in shards:
+            m = self.machines[s]
+            h, c = m.hash_kv(revision if 0 < revision < m.revision else 0)
+            out.append((int(h), int(c)))
+        return out
 
     @abstractmethod
     def header_info(self) -> HeaderInfo:
@@ -886,6 +895,15 @@ def check_compaction(revision: int, top: int, compacted: int) -> None:
     """etcd's refusals of a Compact at ``revision`` over shards whose highest revision is
     ``top`` and highest compaction ``compacted``."""
     if revision <= compacted:
+        raise errors.COMPACTED
+    if revision > top:
+        raise errors.FUTURE_REV
+
+
+def check_hash_revision(revision: int, top: int, compacted: int) -> None:
+    """etcd 3.4's refusals of a HashKV at ``revision`` (0: the latest) over shards whose
+    highest revision is ``top`` and highest compaction ``compacted``."""
+    if 0 < revision <= compacted:
         raise errors.COMPACTED
     if revision > top:
         raise errors.FUTURE_REV
