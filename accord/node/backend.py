@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,7 +26,7 @@ from accord.raft.core.types import Role
 from accord.raft.host.multiraft import GroupUnavailable
 from accord.services.cluster import snapfile
 from accord.services.cluster.members import ClusterStateMachine, MemberChangeError, MemberRecord
-from accord.services.kv import errors
+from accord.services.kv import errors, xcommands
 from accord.services.kv.backend import (
     ETCD_COMPAT_VERSION,
     HeaderInfo,
@@ -111,6 +111,9 @@ class ReplicatedBackend(StateMachineBackend):
         the worker router (``node/workers.py``) sends their calls to their owner, and
         :meth:`commit` and :meth:`read_barrier` refuse them (never an empty answer)."""
         self.worker = worker
+        self.remote: Callable[[bytes, int], Awaitable[Any]] | None = None
+        """In a worker: how a multi-shard Txn's command (format 3) for another worker's
+        shard is committed there (``WorkerRouter.remote_commit``); None: refused."""
         self._home = KV_GROUP if self.local is None else kv_group(min(self.local))
         """The group whose Raft facts fill headers and Status: shard 0's, or a worker's
         first shard's where shard 0 is another worker's."""
@@ -154,8 +157,12 @@ class ReplicatedBackend(StateMachineBackend):
         return self.node.cluster.min_command_format() >= XDECIDE_GATE
 
     async def commit(self, command: bytes, shard: int = 0) -> Any:
-        """Replicate ``command`` on ``shard``; the answer is what its apply returned."""
-        if self.local is not None:
+        """Replicate ``command`` on ``shard``; the answer is what its apply returned (a
+        multi-shard Txn's command for another worker's shard: committed by that worker,
+        through :attr:`remote`)."""
+        if self.local is not None and shard not in self.local:
+            if self.remote is not None and xcommands.is_cross_shard(command):
+                return await self.remote(command, shard)
             self._check_local(shard)
         try:
             return await self.node.host.propose(self.groups[shard], command)

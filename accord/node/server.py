@@ -332,6 +332,7 @@ class Node:
                                   tls=probe_tls, clock=self.clock)
         self._prober.start()
         if not home:
+            self._tasks.append(asyncio.create_task(self._intent_loop(), name="intent-recovery"))
             if cfg.leader_balance_interval > 0:
                 self._tasks.append(asyncio.create_task(self._balance_loop(), name="leader-balance"))
             return
@@ -442,6 +443,21 @@ class Node:
             await rose.wait()
             rose.clear()
 
+    async def _recover_intents(self) -> None:
+        """The recovery of multi-shard Txns' stale intents on the shards this process
+        leads (docs/txn.md); a failure waits for the next pass."""
+        try:
+            await self.backend.resolve_stale_intents()
+        except EtcdError as e:
+            log.info("intent recovery deferred: %s", e.message)
+
+    async def _intent_loop(self) -> None:
+        """A worker other than 0 (worker 0 recovers in ``_lease_loop``): its shards'
+        stale intents, every ``LEASE_CHECK_INTERVAL``."""
+        while True:
+            await asyncio.sleep(LEASE_CHECK_INTERVAL)
+            await self._recover_intents()
+
     async def _lease_loop(self) -> None:
         """On every member: resolve the stale intents of multi-shard Txns on the shards
         it leads. While leading shard 0 (the leases' home): checkpoint lease clocks, expire
@@ -456,10 +472,7 @@ class Node:
         while True:
             await asyncio.sleep(LEASE_CHECK_INTERVAL)
             if self.shards > 1:
-                try:  # the recovery of multi-shard Txns' stale intents (docs/txn.md)
-                    await self.backend.resolve_stale_intents()
-                except EtcdError as e:
-                    log.info("intent recovery deferred: %s", e.message)
+                await self._recover_intents()
             g = self.host.group(KV_GROUP)
             if g.core.role != Role.LEADER:
                 continue

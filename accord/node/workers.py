@@ -13,8 +13,11 @@ so that each etcd method is, on every worker alike:
   revision), R = the highest (or the requested revision, when the store has it), then
   every worker floors its shards at R and reads them at R (``RangeParts``), and the parts
   are merged here (``fanout.merge_ranges``) after the commit-wait for R. A DeleteRange or
-  a Txn over several shards is refused (FAILED_PRECONDITION naming ``--workers``): its
-  intents would span the workers' coordinators;
+  a Txn over several shards goes to the worker of its lowest shard (the record shard of
+  its multi-shard Txn, ``docs/txn.md``), whose coordinator commits the other workers'
+  steps through them (``remote_commit``: ``/accord.worker/Commit``, the answers packed by
+  ``xresults``); a read-only Txn over several workers' shards is refused
+  (FAILED_PRECONDITION naming ``--workers``);
 * **on worker 0** (the member list, ``Status``, alarms, defragment, auth but its
   ``AuthEnable``): the meta group's calls, forwarded there from the other workers;
 * **local** (reflection, gRPC health): each worker answers for itself (its health: its
@@ -31,7 +34,8 @@ so that each etcd method is, on every worker alike:
   worker's shards.
 
 The forwarding socket of each worker serves the *local* handlers (never the routing
-ones: a call is forwarded at most once) and the internal range and compaction steps.
+ones: a call is forwarded at most once) and the internal range, compaction, hash and
+commit steps.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from accord.node.forward import ForwardClient, ForwardedError, Handler
 from accord.node.forwardgrpc import DEFAULT_TIMEOUT_S, forward_unary, owner_handlers
 from accord.node.placement import WorkerPlan
 from accord.proto import rpc_pb2
-from accord.services.kv import errors, fanout, sharding
+from accord.services.kv import errors, fanout, sharding, xcommands, xresults
 from accord.services.kv.backend import check_compaction, check_hash_revision
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
@@ -70,6 +74,9 @@ COMPACT = f"{KV}Compact"
 HASH_PARTS = "/accord.worker/HashParts"
 """Internal: ``[revision, shards]`` -> ``[[hash, compaction], ...]`` of those shards."""
 HASH_KV = "/etcdserverpb.Maintenance/HashKV"
+COMMIT_ON = "/accord.worker/Commit"
+"""Internal: ``[shard, command]`` -> what applying the format-3 ``command`` (a
+multi-shard Txn's step) on that shard of the owner answered (``xresults``)."""
 
 ROUTED = {f"{KV}Range", f"{KV}Put", f"{KV}DeleteRange", f"{KV}Txn"}
 ON_WORKER_0 = {
@@ -119,6 +126,10 @@ class WorkerRouter:
         """Worker index -> the client of its forwarding socket (not this worker's own)."""
         self.forwarded = 0
         """Calls this worker handed to another (for tests and a later metric)."""
+        self.broken_local_commits = False
+        """A deliberately broken variant for tests: a multi-shard Txn's step for another
+        worker's shard is applied to this worker's empty copy of it, never replicated.
+        Never set outside tests."""
 
     # -- the method table ----------------------------------------------------
 
@@ -134,6 +145,8 @@ class WorkerRouter:
         served[COMPACT_STATE] = self._serve_compact_state
         served[COMPACT_PARTS] = self._serve_compact_parts
         served[HASH_PARTS] = self._serve_hash_parts
+        served[COMMIT_ON] = self._serve_commit
+        self.backend.remote = self.remote_commit
         n = self.plan.workers
         for method, h in local.items():
             if method.startswith(LOCAL_PREFIXES):
@@ -184,10 +197,9 @@ class WorkerRouter:
             return self._forwarding(method, h, lambda r: self._owner([self.backend.shard_of(r.key)]))
         if name == "DeleteRange":
             return self._forwarding(method, h, lambda r: self._owner(
-                sharding.shards_of_range(r.key, r.range_end, self.plan.shards), "DeleteRange"))
+                sharding.shards_of_range(r.key, r.range_end, self.plan.shards)))
         if name == "Txn":
-            return self._forwarding(method, h, lambda r: self._owner(
-                sorted(sharding.shards_of_txn(r, self.plan.shards)) or [0], "Txn"))
+            return self._forwarding(method, h, self._txn_owner)
         forward = self._forwarding(method, h, self._range_owner).unary_unary
 
         async def range_(request: rpc_pb2.RangeRequest,
@@ -212,16 +224,53 @@ class WorkerRouter:
         return self._owner(sharding.shards_of_range(request.key, request.range_end,
                                                     self.plan.shards))
 
-    def _owner(self, shards: Sequence[int], what: str = "") -> int:
-        """The one worker hosting ``shards``; a write over several shards is refused."""
-        if len(shards) > 1 and what:
+    def _owner(self, shards: Sequence[int]) -> int:
+        """The worker that serves a call over ``shards``: the owner of the lowest, which
+        for a write over several is the record shard of its multi-shard Txn (its
+        coordinator then commits the other workers' steps through them)."""
+        return self.plan.worker_of_shard(min(shards))
+
+    def _txn_owner(self, req: rpc_pb2.TxnRequest) -> int:
+        """:meth:`_owner` of a Txn; a read-only Txn over several workers' shards is
+        refused (it would be read as a range across workers, which is not built)."""
+        shards = sorted(sharding.shards_of_txn(req, self.plan.shards)) or [0]
+        if (len({self.plan.worker_of_shard(s) for s in shards}) > 1
+                and self.backend.sm.is_read_only_txn(req)):
             raise EtcdError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"etcdserver: a {what} over several shards ({', '.join(map(str, shards))}) is "
-                f"not served by a node of --workers {self.plan.workers} yet "
-                f"(docs/workers.md, \"Status\"); keep its keys under one prefix /a/b/ or run "
-                f"the node with --workers 1")
-        return self.plan.worker_of_shard(shards[0])
+                f"etcdserver: a read-only Txn over the shards of several workers "
+                f"({', '.join(map(str, shards))}) is not served by a node of --workers "
+                f"{self.plan.workers} yet (docs/workers.md, \"Status\"); read its keys with "
+                f"a Range, keep them under one prefix /a/b/, or run the node with --workers 1")
+        return self._owner(shards)
+
+    # -- a multi-shard Txn's steps on other workers ---------------------------
+
+    async def remote_commit(self, command: bytes, shard: int) -> Any:
+        """Commit a multi-shard Txn's ``command`` on ``shard`` of another worker: the owner
+        proposes it on its group and answers what its apply returned."""
+        owner = self.plan.worker_of_shard(shard)
+        if self.broken_local_commits:
+            # The broken variant: the step applied to this worker's empty, unreplicated
+            # copy of the shard instead of the owner's group.
+            return self.backend.machines[shard].apply(command)
+        try:
+            raw = await self.clients[owner].call(COMMIT_ON, msgpack.packb([shard, command]),
+                                                 DEFAULT_TIMEOUT_S)
+        except ForwardedError as e:
+            raise EtcdError(e.code, e.message) from None
+        return xresults.unpack(raw)
+
+    async def _serve_commit(self, body: bytes) -> bytes:
+        shard, command = _decode(body, 2)
+        if not isinstance(command, bytes) or not xcommands.is_cross_shard(command):
+            raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 "an internal commit carries only a multi-shard Txn's step")
+        try:
+            self.backend._check_local(int(shard))
+            return xresults.pack(await self.backend.commit(command, int(shard)))
+        except EtcdError as e:
+            raise ForwardedError(e.code, e.message) from None
 
     # -- a compaction across workers -----------------------------------------
 

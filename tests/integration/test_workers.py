@@ -186,11 +186,9 @@ def test_what_the_workers_cannot_do_is_refused_naming_the_flag(cluster: ProcClus
             kv = fresh_kv(node)
             ch = node.channel()
             refusals = {
-                "txn": _refused(kv.Txn, pb.TxnRequest(success=[
-                    pb.RequestOp(request_put=pb.PutRequest(key=a, value=b"no")),
-                    pb.RequestOp(request_put=pb.PutRequest(key=b, value=b"no"))])),
-                "delete": _refused(kv.DeleteRange, pb.DeleteRangeRequest(key=b"/x/",
-                                                                          range_end=b"/x0")),
+                "read-only txn": _refused(kv.Txn, pb.TxnRequest(success=[
+                    pb.RequestOp(request_range=pb.RangeRequest(key=a)),
+                    pb.RequestOp(request_range=pb.RangeRequest(key=b))])),
             }
             for what, err in refusals.items():
                 assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, what
@@ -371,6 +369,48 @@ def test_a_real_prometheus_scrapes_nodes_of_two_workers(tmp_path: Path,
         assert per_node("up", 1)
     finally:
         prom.stop()
+
+
+def test_txns_and_deletes_over_both_workers_are_atomic_at_one_revision(
+        cluster: ProcCluster) -> None:
+    """A Txn or a DeleteRange over keys of both workers, through every endpoint: its
+    record shard's worker coordinates it and commits the other worker's steps through
+    that worker (``WorkerRouter.remote_commit``); the writes land at one revision on
+    both, a failed compare on either takes the failure branch, and a DeleteRange over
+    both workers' shards removes every key at one revision."""
+    a, b = keys_of_worker(0, "/both/", 1)[0], keys_of_worker(1, "/both/", 1)[0]
+    revs = {a: 0, b: 0}
+    for node in cluster.nodes:
+        for _ in range(2):  # on fresh connections: either worker receives it
+            kv = fresh_kv(node)
+            done = retry(kv.Txn, pb.TxnRequest(
+                compare=[pb.Compare(key=k, target=pb.Compare.MOD, result=pb.Compare.EQUAL,
+                                    mod_revision=r) for k, r in revs.items()],
+                success=[pb.RequestOp(request_put=pb.PutRequest(key=k, value=node.name.encode()))
+                         for k in revs],
+                failure=[pb.RequestOp(request_range=pb.RangeRequest(key=k)) for k in revs]))
+            assert done.succeeded, node.name  # type: ignore[attr-defined]
+            rev = int(done.header.revision)  # type: ignore[attr-defined]
+            got = retry(kv.Range, pb.RangeRequest(key=b"/both/", range_end=b"/both0"))
+            assert {x.key: (x.value, x.mod_revision) for x in got.kvs} == {  # type: ignore[attr-defined]
+                a: (node.name.encode(), rev), b: (node.name.encode(), rev)}
+            revs = {a: rev, b: rev}
+    stale = retry(fresh_kv(cluster.nodes[1]).Txn, pb.TxnRequest(
+        compare=[pb.Compare(key=a, target=pb.Compare.MOD, result=pb.Compare.EQUAL,
+                            mod_revision=revs[a]),
+                 pb.Compare(key=b, target=pb.Compare.MOD, result=pb.Compare.EQUAL,
+                            mod_revision=1)],
+        success=[pb.RequestOp(request_put=pb.PutRequest(key=a, value=b"lost"))],
+        failure=[pb.RequestOp(request_range=pb.RangeRequest(key=k)) for k in (a, b)]))
+    assert not stale.succeeded  # type: ignore[attr-defined]
+    assert [r.response_range.kvs[0].value for r in stale.responses] == [b"n3", b"n3"]  # type: ignore[attr-defined]
+    gone = retry(fresh_kv(cluster.nodes[2]).DeleteRange,
+                 pb.DeleteRangeRequest(key=b"/both/", range_end=b"/both0", prev_kv=True))
+    assert gone.deleted == 2  # type: ignore[attr-defined]
+    assert {x.mod_revision for x in gone.prev_kvs} == {revs[a]}  # type: ignore[attr-defined]
+    for node in cluster.nodes:
+        assert retry(fresh_kv(node).Range, pb.RangeRequest(
+            key=b"/both/", range_end=b"/both0")).count == 0  # type: ignore[attr-defined]
 
 
 def test_nodes_of_two_workers_under_mutual_tls(cluster: ProcCluster) -> None:

@@ -4,10 +4,12 @@ reading all accounts (one range over every shard) throughout, while a fault hits
 member in the middle: killed -9 and started again, paused (SIGSTOP) past the
 transactions' deadline and resumed, or cut off from both others by a partition of its
 peer links and healed. Every audit sums to the total; the coordinations in flight on
-the member hit are resolved (all-or-nothing) by the others."""
+the member hit are resolved (all-or-nothing) by the others. Once more on nodes of two
+worker processes, one worker killed -9."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import threading
@@ -86,6 +88,23 @@ def test_transfers_keep_the_total_across_a_partition(tmp_path: Path) -> None:
                 proxies.heal()
 
         _bank(c, cut_off)
+
+
+def test_transfers_keep_the_total_on_nodes_of_two_workers_across_a_worker_kill(
+        tmp_path: Path) -> None:
+    """The bank on nodes of two worker processes (``--workers 2``, docs/workers.md): a
+    transfer between accounts of both workers is coordinated by the record shard's worker,
+    which commits the other worker's steps through it; worker 1 of one node killed -9
+    (its supervisor restarts it) leaves the Txns it coordinated to the others' recovery,
+    and every audit still sums to the total."""
+    with ProcCluster(tmp_path, 3, workers=2, extra=("--shards", str(SHARDS))) as c:
+        def kill_worker(victim: int, _down: set[int]) -> None:
+            node = c.nodes[victim]
+            os.kill(c.worker_pids(node)[1], signal.SIGKILL)
+            time.sleep(8)  # past the txn deadline: its intents are resolved by the others
+            c.wait_serving(node)
+
+        _bank(c, kill_worker)
 
 
 def _bank(cluster: ProcCluster, fault: Callable[[int, set[int]], None]) -> None:

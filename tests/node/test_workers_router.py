@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import grpc
+import msgpack
 import pytest
 
 from accord.node.backend import ReplicatedBackend, kv_group
@@ -197,3 +198,75 @@ async def test_a_worker_refuses_to_write_or_read_another_workers_shard(
         await workers[0].router.local_parts(pb.RangeRequest(key=theirs), [shard], 1)
     assert b0.machines[shard].revision == before
     assert not b0.leads(shard) and b0.leads(PLAN.shards_of(0)[0])
+
+
+def cas_both(keys: list[bytes], revs: list[int], values: list[bytes]) -> pb.TxnRequest:
+    """Compare both keys' mod revisions, then put both (else read both)."""
+    return pb.TxnRequest(
+        compare=[pb.Compare(key=k, target=pb.Compare.MOD, result=pb.Compare.EQUAL,
+                            mod_revision=r) for k, r in zip(keys, revs, strict=True)],
+        success=[pb.RequestOp(request_put=pb.PutRequest(key=k, value=v))
+                 for k, v in zip(keys, values, strict=True)],
+        failure=[pb.RequestOp(request_range=pb.RangeRequest(key=k)) for k in keys])
+
+
+async def settled(ws: list[Worker]) -> None:
+    for w in ws:
+        await w.backend.xcoord.drain()
+
+
+def record_worker_and_keys() -> tuple[int, list[bytes]]:
+    """A key on each worker; the worker whose shard is the lower (the Txn's record)."""
+    keys = [keys_of(0, 1)[0], keys_of(1, 1)[0]]
+    shards = [shard_of(k, SHARDS) for k in keys]
+    return PLAN.worker_of_shard(min(shards)), keys
+
+
+@pytest.mark.parametrize("broken", [False, True])
+async def test_a_txn_over_both_workers_commits_on_each_owner_at_one_revision(
+        workers: list[Worker], broken: bool) -> None:
+    """The coordinator (the record shard's worker) commits the other worker's steps
+    through it (``remote_commit``): both keys written at one revision, each by its owner.
+    The broken variant applies the other worker's step to the coordinator's own empty
+    copy of the shard: the owner never sees the write, and the check fails."""
+    home, keys = record_worker_and_keys()
+    coordinator = workers[home].backend
+    workers[home].router.broken_local_commits = broken
+    first = await coordinator.txn(cas_both(keys, [0, 0], [b"a", b"b"]))
+    assert first.succeeded
+    await settled(workers)
+    owners = [workers[PLAN.worker_of_shard(shard_of(k, SHARDS))].backend for k in keys]
+    got = [o.machines[shard_of(k, SHARDS)].range(pb.RangeRequest(key=k))
+           for o, k in zip(owners, keys, strict=True)]
+    if broken:
+        assert [len(g.kvs) for g in got] != [1, 1]
+        return
+    assert [g.kvs[0].value for g in got] == [b"a", b"b"]
+    assert {g.kvs[0].mod_revision for g in got} == {first.header.revision}
+    # A compare that fails on the other worker's key takes the failure branch there too.
+    lost = await coordinator.txn(cas_both(keys, [first.header.revision, 1], [b"x", b"y"]))
+    assert not lost.succeeded
+    assert [r.response_range.kvs[0].value for r in lost.responses] == [b"a", b"b"]
+    # A DeleteRange over both workers' shards: one revision, every key.
+    gone = await coordinator.delete_range(pb.DeleteRangeRequest(key=b"k", range_end=b"l"))
+    await settled(workers)
+    assert gone.deleted == 2
+    for o, k in zip(owners, keys, strict=True):
+        assert o.machines[shard_of(k, SHARDS)].range(pb.RangeRequest(key=k)).count == 0
+
+
+async def test_a_remote_step_is_refused_unless_it_is_a_txn_step_on_the_owner(
+        workers: list[Worker]) -> None:
+    """The internal commit carries only a multi-shard Txn's step, to the shard's owner;
+    anything else is refused, nothing proposed."""
+    theirs = shard_of(keys_of(1, 1)[0], SHARDS)
+    mine = shard_of(keys_of(0, 1)[0], SHARDS)
+    put = workers[0].backend.sm.encode_put(pb.PutRequest(key=b"k0", value=b"v"))
+    client = workers[0].router.clients[1]
+    before = workers[1].backend.machines[theirs].revision
+    for shard, command in ((theirs, put), (mine, b"\x93\x03\x03\x01")):
+        with pytest.raises(Exception) as e:
+            await client.call("/accord.worker/Commit", msgpack.packb([shard, command]), 5.0)
+        assert getattr(e.value, "code", None) in (grpc.StatusCode.INVALID_ARGUMENT,
+                                                  grpc.StatusCode.FAILED_PRECONDITION)
+    assert workers[1].backend.machines[theirs].revision == before

@@ -129,6 +129,12 @@ def encode_lease(
                   now_ms, term, bool(expire)])
 
 
+def is_cross_shard(command: bytes) -> bool:
+    """Whether ``command`` is a format-3 command (a msgpack array whose first element is
+    :data:`XFORMAT`), without decoding it."""
+    return len(command) > 1 and command[1] == XFORMAT
+
+
 def decode(command: bytes) -> tuple[Any, ...]:
     """The fields of a format-3 command after the format number; bad input raises."""
     try:
