@@ -52,22 +52,7 @@ class MetricsServer:
     async def start(self, addresses: Sequence[tuple[str, int, ssl.SSLContext | None]]) -> None:
         """Listen on every ``(host, port, TLS context or None)``; ``OSError`` naming the
         address that failed."""
-        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
-        await runner.setup()
-        self._runner = runner
-        try:
-            for host, port, context in addresses:
-                site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=context)
-                try:
-                    await site.start()
-                except OSError as e:
-                    scheme = "https" if context is not None else "http"
-                    raise OSError(f"cannot serve metrics on {scheme}://{host}:{port}: "
-                                  f"{e.strerror or e}") from e
-            self.ports = [int(addr[1]) for addr in runner.addresses]
-        except BaseException:
-            await self.stop()
-            raise
+        self._runner, self.ports = await listen(self.app(), addresses)
 
     async def start_unix(self, path: Path) -> None:
         """Listen on the Unix socket ``path`` instead (a worker of a node of several,
@@ -91,7 +76,7 @@ class MetricsServer:
     # ------------------------------------------------------------------ handlers
     async def _scrape(self, request: web.Request) -> web.StreamResponse:
         if request.method != "GET":
-            return _not_allowed()
+            return not_allowed()
         await self._metrics.refresh()
         body, content_type = exposition(self._metrics.registry,
                                         request.headers.get("Accept", ""))
@@ -101,7 +86,7 @@ class MetricsServer:
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         if request.method != "GET":
-            return _not_allowed()
+            return not_allowed()
         exclude = request.query.getall("exclude", [])
         serializable = request.query.get("serializable") == "true"
         ok, reason = await self._checks.health(serializable=serializable, exclude=exclude)
@@ -115,7 +100,7 @@ class MetricsServer:
 
     async def _probe(self, request: web.Request) -> web.StreamResponse:
         if request.method != "GET":
-            return _not_allowed()
+            return not_allowed()
         kind = request.path.strip("/").split("/")[0]
         names = self._checks.names(kind)
         check = request.match_info.get("check")
@@ -135,6 +120,28 @@ class MetricsServer:
                             headers={"Content-Type": TEXT, "X-Content-Type-Options": "nosniff"})
 
 
+async def listen(app: web.Application, addresses: Sequence[tuple[str, int, ssl.SSLContext | None]],
+                 ) -> tuple[web.AppRunner, list[int]]:
+    """Serve ``app`` on every ``(host, port, TLS context or None)``: its runner and the
+    ports bound, in order; ``OSError`` naming the address that failed (then nothing is
+    left listening)."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        for host, port, context in addresses:
+            site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=context)
+            try:
+                await site.start()
+            except OSError as e:
+                scheme = "https" if context is not None else "http"
+                raise OSError(f"cannot serve metrics on {scheme}://{host}:{port}: "
+                              f"{e.strerror or e}") from e
+        return runner, [int(addr[1]) for addr in runner.addresses]
+    except BaseException:
+        await runner.cleanup()
+        raise
+
+
 def following(current: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
     """A server context that hands every handshake to ``current()`` (the node's reloading
     client TLS), so a rotated certificate is served from the next connection on."""
@@ -147,6 +154,7 @@ def following(current: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
     return base
 
 
-def _not_allowed() -> web.Response:
+def not_allowed() -> web.Response:
+    """etcd's answer to a method other than GET on these paths."""
     return web.Response(status=405, text="Method Not Allowed\n",
                         headers={"Allow": "GET", "Content-Type": TEXT})

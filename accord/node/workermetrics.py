@@ -34,6 +34,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from accord.node.httpserve import TEXT, listen, not_allowed
 from accord.node.metrics import exposition
 
 log = logging.getLogger("accord.node.workermetrics")
@@ -41,7 +42,6 @@ log = logging.getLogger("accord.node.workermetrics")
 SCRAPE_TIMEOUT_S = 2.0
 """How long the supervisor waits for one worker's answer before counting it down."""
 WORKER_LABEL = "worker"
-TEXT = "text/plain; charset=utf-8"
 
 
 def merge(texts: Mapping[int, str | None]) -> list[Metric]:
@@ -108,19 +108,8 @@ class WorkersMetricsServer:
             aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(p)),
                                   timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S))
             for p in self.sockets]
-        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
-        await runner.setup()
-        self._runner = runner
         try:
-            for host, port, context in addresses:
-                try:
-                    await web.TCPSite(runner, host, port, reuse_address=True,
-                                      ssl_context=context).start()
-                except OSError as e:
-                    scheme = "https" if context is not None else "http"
-                    raise OSError(f"cannot serve metrics on {scheme}://{host}:{port}: "
-                                  f"{e.strerror or e}") from e
-            self.ports = [int(addr[1]) for addr in runner.addresses]
+            self._runner, self.ports = await listen(self.app(), addresses)
         except BaseException:
             await self.stop()
             raise
@@ -150,7 +139,7 @@ class WorkersMetricsServer:
 
     async def _scrape(self, request: web.Request) -> web.StreamResponse:
         if request.method != "GET":
-            return _not_allowed()
+            return not_allowed()
         answers = await self._ask_all("/metrics")
         texts = {k: (a[1] if a is not None and a[0] == 200 else None)
                  for k, a in enumerate(answers)}
@@ -163,7 +152,7 @@ class WorkersMetricsServer:
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         if request.method != "GET":
-            return _not_allowed()
+            return not_allowed()
         answers = await self._ask_all(request.path_qs)
         for k, answer in enumerate(answers):
             if answer is None:
@@ -177,7 +166,3 @@ class WorkersMetricsServer:
         assert first is not None
         return web.Response(status=200, text=first[1], headers={"Content-Type": TEXT})
 
-
-def _not_allowed() -> web.Response:
-    return web.Response(status=405, text="Method Not Allowed\n",
-                        headers={"Allow": "GET", "Content-Type": TEXT})

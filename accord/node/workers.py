@@ -201,28 +201,24 @@ class WorkerRouter:
         if name == "Txn":
             return self._forwarding(method, h, self._txn_owner)
         forward = self._forwarding(method, h, self._range_owner).unary_unary
+        across = self._across(h, lambda r: self.range_across(r, self._shards_of(r))).unary_unary
 
         async def range_(request: rpc_pb2.RangeRequest,
                          context: grpc.aio.ServicerContext) -> rpc_pb2.RangeResponse:
-            shards = sharding.shards_of_range(request.key, request.range_end, self.plan.shards)
+            shards = self._shards_of(request)
             if request.revision == 0 and len({self.plan.worker_of_shard(s) for s in shards}) == 1:
                 return await forward(request, context)  # type: ignore[no-any-return]
-            try:
-                resp = await self.range_across(request, shards)
-            except EtcdError as e:
-                await context.abort(e.code, e.message)
-            except ForwardedError as e:
-                await context.abort(e.code, e.message)
-            fill_header(resp.header, self.backend)
-            return resp
+            return await across(request, context)  # type: ignore[no-any-return]
 
         return grpc.unary_unary_rpc_method_handler(
             range_, request_deserializer=h.request_deserializer,
             response_serializer=h.response_serializer)
 
+    def _shards_of(self, request: rpc_pb2.RangeRequest) -> list[int]:
+        return sharding.shards_of_range(request.key, request.range_end, self.plan.shards)
+
     def _range_owner(self, request: rpc_pb2.RangeRequest) -> int:
-        return self._owner(sharding.shards_of_range(request.key, request.range_end,
-                                                    self.plan.shards))
+        return self._owner(self._shards_of(request))
 
     def _owner(self, shards: Sequence[int]) -> int:
         """The worker that serves a call over ``shards``: the owner of the lowest, which
