@@ -107,5 +107,9 @@ def test_writes_through_a_member_with_a_wrong_clock_are_refused_and_the_rest_go_
     peers = {k: v for k, v in odd.items() if k.startswith("accord_peer_clock_offset_seconds")}
     assert len(peers) == 2 and all(-6 < v < -4 for v in peers.values()), odd
     assert odd["accord_clock_refusals_total"] >= len(keys)
-    assert any(4 < v < 6 for k, v in good.items() if k.startswith("accord_peer_clock")), good
+    while not any(4 < v < 6 for k, v in good.items() if k.startswith("accord_peer_clock")):
+        # n1's own probe of n3 comes on n1's schedule (every few seconds from its start).
+        assert time.monotonic() < deadline, good
+        time.sleep(0.2)
+        good = _metrics(n1)
     assert good["accord_clock_refusals_total"] == 0

@@ -198,15 +198,22 @@ async def test_mutual_exclusion_under_leader_kills_and_pauses(cluster: ProcClust
     grants: list[tuple[int, int]] = []
     refused: list[bytes] = []
     stop = asyncio.Event()
+    doing: dict[int, str] = {}
+    """Worker -> what it is doing now (said when the workers overrun)."""
 
     async def worker(wid: int) -> None:
-        async with AccordClient(endpoints(cluster), call_timeout_s=1.0, recheck_s=0.5) as c:
+        # A call gives up after 5 s of failed attempts (not the default 30), so a worker
+        # notices the stop within the bound below even while the cluster recovers.
+        async with AccordClient(endpoints(cluster), call_timeout_s=1.0, recheck_s=0.5,
+                                retry_budget_s=5.0) as c:
             seq = 0
             while not stop.is_set():
+                doing[wid] = "acquiring"
                 try:
                     lock = await asyncio.wait_for(c.lock("mx/lock", ttl=2).acquire(), 15)
                 except (TimeoutError, LockError, ClientError):
                     continue
+                doing[wid] = f"holding token {lock.token}"
                 assert lock.holding is not None
                 grants.append((lock.token, lock.holding.grant_revision))
                 pause = rng.random() < 0.25
@@ -224,8 +231,11 @@ async def test_mutual_exclusion_under_leader_kills_and_pauses(cluster: ProcClust
                         refused.append(value)
                     except ClientError:
                         pass  # unknown outcome: the store's history decides
+                doing[wid] = f"releasing token {lock.token}"
                 with contextlib.suppress(LockError, ClientError):
                     await lock.release()
+            doing[wid] = "closing its client"
+        doing[wid] = "done"
 
     async def nemesis() -> None:
         for i in range(4):
@@ -245,7 +255,12 @@ async def test_mutual_exclusion_under_leader_kills_and_pauses(cluster: ProcClust
     workers = [asyncio.create_task(worker(i)) for i in range(4)]
     try:
         await asyncio.wait_for(nemesis(), 60)
-        await asyncio.wait_for(asyncio.gather(*workers), 40)
+        try:
+            await asyncio.wait_for(asyncio.gather(*workers), 40)
+        except TimeoutError:
+            tails = {n.name: cluster.log(n)[-1500:] for n in cluster.nodes}
+            raise AssertionError(f"workers still busy 40 s after the stop: {doing}; "
+                                 f"logs: {tails}") from None
     finally:
         for w in workers:
             w.cancel()

@@ -325,14 +325,23 @@ async def test_a_read_whose_leader_is_lost_is_confirmed_by_the_next_one(cluster:
 
 
 async def test_a_read_still_waiting_when_its_node_stops_fails_cleanly(cluster: Cluster) -> None:
+    """A read in a round sent to a dead leader, or pending while no leader is known,
+    fails with GroupUnavailable when its node stops. The other follower is stopped too,
+    so no new leader can answer the read first (it did, at times, and the test waited
+    for a round that had come and gone)."""
     gid = 1
     lead = await cluster.leader(gid)
-    follower = next(n for n in (1, 2, 3) if n != lead)
+    follower, other = (n for n in (1, 2, 3) if n != lead)
+    await cluster.stop_node(other)
     await cluster.stop_node(lead)
     host = cluster.nodes[follower].host
-    read = asyncio.ensure_future(host.read_barrier(gid, timeout=3.0))
-    while not host.group(gid).reads_issued:  # sent to the dead leader
+    g = host.group(gid)
+    read = asyncio.ensure_future(host.read_barrier(gid, timeout=10.0))
+    deadline = asyncio.get_running_loop().time() + 5.0
+    while not (g.reads_issued or g.reads_pending):  # sent to the dead leader, or held
+        assert asyncio.get_running_loop().time() < deadline, "the read never started"
         await asyncio.sleep(0.001)
+    assert not read.done()
     await cluster.stop_node(follower)
     with pytest.raises(GroupUnavailable):
         await read
