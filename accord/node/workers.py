@@ -25,7 +25,7 @@ so that each etcd method is, on every worker alike:
   node's clock for the peers' clock guards);
 * **across every worker** (KV ``Compact``, Maintenance ``HashKV``): every worker's
   shards checked (etcd's ``compacted`` and ``future revision`` refusals, nothing
-  changed), then each worker compacts (``CompactState``, ``CompactParts`` on the
+  changed), then each worker compacts (``RevisionState``, ``CompactParts`` on the
   forwarding socket) or hashes (``HashParts``) its own, as ``StateMachineBackend``
   compacts every shard of one process and combines their hashes in shard order;
 * **refused** (everything else: watches, leases, member changes, hashes,
@@ -65,8 +65,9 @@ ReadIndex barrier on each when ``barrier``)."""
 RANGE_PARTS = "/accord.worker/RangeParts"
 """Internal: ``[RangeRequest, shards, R, serializable]`` -> each shard's answer at R
 (floored there first unless serializable)."""
-COMPACT_STATE = "/accord.worker/CompactState"
-"""Internal: ``[shards]`` -> ``[highest revision, highest compaction]`` of those shards."""
+REVISION_STATE = "/accord.worker/RevisionState"
+"""Internal: ``[shards]`` -> ``[highest revision, highest compaction]`` of those shards
+(what a Compact or a HashKV is checked against)."""
 COMPACT_PARTS = "/accord.worker/CompactParts"
 """Internal: ``[CompactionRequest, shards]`` -> those shards compacted at its revision
 (each floored there first); the highest revision of their answers."""
@@ -142,7 +143,7 @@ class WorkerRouter:
             {m: h for m, h in local.items() if m in ROUTED or m in ON_WORKER_0})
         served[RANGE_TOPS] = self._serve_tops
         served[RANGE_PARTS] = self._serve_parts
-        served[COMPACT_STATE] = self._serve_compact_state
+        served[REVISION_STATE] = self._serve_revision_state
         served[COMPACT_PARTS] = self._serve_compact_parts
         served[HASH_PARTS] = self._serve_hash_parts
         served[COMMIT_ON] = self._serve_commit
@@ -262,13 +263,14 @@ class WorkerRouter:
         if not isinstance(command, bytes) or not xcommands.is_cross_shard(command):
             raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
                                  "an internal commit carries only a multi-shard Txn's step")
-        try:
-            self.backend._check_local(int(shard))
-            return xresults.pack(await self.backend.commit(command, int(shard)))
-        except EtcdError as e:
-            raise ForwardedError(e.code, e.message) from None
+        return xresults.pack(await _etcd(self.local_commit(command, int(shard))))
 
-    # -- a compaction across workers -----------------------------------------
+    async def local_commit(self, command: bytes, shard: int) -> Any:
+        """A step of another worker's multi-shard Txn on this worker's ``shard``."""
+        self.backend._check_local(shard)
+        return await self.backend.commit(command, shard)
+
+    # -- Compact and HashKV: every worker's shards ---------------------------
 
     def _across(self, h: grpc.RpcMethodHandler,
                 serve: Callable[[Any], Awaitable[Any]]) -> grpc.RpcMethodHandler:
@@ -292,7 +294,8 @@ class WorkerRouter:
         hashes combined in shard order as ``StateMachineBackend.hash_kv`` combines them,
         so members with the same contents answer the same hash whatever their workers."""
         by_worker = self._by_worker(range(self.plan.shards))
-        states = await asyncio.gather(*(self._compact_state(w, s) for w, s in by_worker.items()))
+        states = await asyncio.gather(*(self._revision_state(w, s)
+                                        for w, s in by_worker.items()))
         top = max(t for t, _c in states)
         check_hash_revision(req.revision, top, max(c for _t, c in states))
         answers = await asyncio.gather(*(self._hash_parts(w, req.revision, s)
@@ -309,12 +312,12 @@ class WorkerRouter:
     async def _hash_parts(self, worker: int, revision: int,
                           shards: list[int]) -> list[tuple[int, int]]:
         if worker == self.index:
-            return self.local_hashes(revision, shards)
+            return await self.local_hashes(revision, shards)
         raw = msgpack.unpackb(await self.clients[worker].call(
             HASH_PARTS, msgpack.packb([revision, shards]), DEFAULT_TIMEOUT_S))
         return [(int(h), int(c)) for h, c in raw]
 
-    def local_hashes(self, revision: int, shards: Sequence[int]) -> list[tuple[int, int]]:
+    async def local_hashes(self, revision: int, shards: Sequence[int]) -> list[tuple[int, int]]:
         """``(hash, compaction)`` of each of this worker's ``shards`` up to ``revision``."""
         for s in shards:
             self.backend._check_local(s)
@@ -322,11 +325,8 @@ class WorkerRouter:
 
     async def _serve_hash_parts(self, body: bytes) -> bytes:
         revision, shards = _decode(body, 2)
-        try:
-            return bytes(msgpack.packb([list(p) for p in self.local_hashes(int(revision),
-                                                                           shards)]))
-        except EtcdError as e:
-            raise ForwardedError(e.code, e.message) from None
+        parts = await _etcd(self.local_hashes(int(revision), shards))
+        return bytes(msgpack.packb([list(p) for p in parts]))
 
     async def compact_across(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
         """``req`` on every shard of the node, each worker compacting its own: checked
@@ -334,7 +334,8 @@ class WorkerRouter:
         ``future revision`` refusals, nothing changed), then applied on each worker's
         shards, as ``StateMachineBackend.compact`` applies it on every shard."""
         by_worker = self._by_worker(range(self.plan.shards))
-        states = await asyncio.gather(*(self._compact_state(w, s) for w, s in by_worker.items()))
+        states = await asyncio.gather(*(self._revision_state(w, s)
+                                        for w, s in by_worker.items()))
         check_compaction(req.revision, max(t for t, _c in states), max(c for _t, c in states))
         revs = await asyncio.gather(*(self._compact_parts(w, req, s)
                                       for w, s in by_worker.items()))
@@ -342,11 +343,11 @@ class WorkerRouter:
         resp.header.revision = max(revs)
         return resp
 
-    async def _compact_state(self, worker: int, shards: list[int]) -> tuple[int, int]:
+    async def _revision_state(self, worker: int, shards: list[int]) -> tuple[int, int]:
         if worker == self.index:
-            return self.local_compact_state(shards)
+            return await self.local_revision_state(shards)
         raw = msgpack.unpackb(await self.clients[worker].call(
-            COMPACT_STATE, msgpack.packb([shards]), DEFAULT_TIMEOUT_S))
+            REVISION_STATE, msgpack.packb([shards]), DEFAULT_TIMEOUT_S))
         return int(raw[0]), int(raw[1])
 
     async def _compact_parts(self, worker: int, req: rpc_pb2.CompactionRequest,
@@ -357,11 +358,11 @@ class WorkerRouter:
         return int(msgpack.unpackb(await self.clients[worker].call(
             COMPACT_PARTS, body, DEFAULT_TIMEOUT_S)))
 
-    def local_compact_state(self, shards: Sequence[int]) -> tuple[int, int]:
+    async def local_revision_state(self, shards: Sequence[int]) -> tuple[int, int]:
         """``(highest revision, highest compaction)`` of this worker's ``shards``."""
         for s in shards:
             self.backend._check_local(s)
-        return self.backend.compaction_state(shards)
+        return self.backend.revision_state(shards)
 
     async def local_compact(self, req: rpc_pb2.CompactionRequest, shards: Sequence[int]) -> int:
         """This worker's ``shards`` compacted at ``req.revision``."""
@@ -369,12 +370,9 @@ class WorkerRouter:
             self.backend._check_local(s)
         return await self.backend.compact_shards(req, shards)
 
-    async def _serve_compact_state(self, body: bytes) -> bytes:
+    async def _serve_revision_state(self, body: bytes) -> bytes:
         (shards,) = _decode(body, 1)
-        try:
-            return bytes(msgpack.packb(list(self.local_compact_state(shards))))
-        except EtcdError as e:
-            raise ForwardedError(e.code, e.message) from None
+        return bytes(msgpack.packb(list(await _etcd(self.local_revision_state(shards)))))
 
     async def _serve_compact_parts(self, body: bytes) -> bytes:
         raw, shards = _decode(body, 2)

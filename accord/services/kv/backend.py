@@ -680,12 +680,12 @@ class StateMachineBackend(ABC):
             result: rpc_pb2.CompactionResponse = await self.commit(self.sm.encode_compact(req))
             return result
         every = range(self.shards)
-        check_compaction(req.revision, *self.compaction_state(every))
+        check_compaction(req.revision, *self.revision_state(every))
         resp = rpc_pb2.CompactionResponse()
         resp.header.revision = await self.compact_shards(req, every)
         return resp
 
-    def compaction_state(self, shards: Iterable[int]) -> tuple[int, int]:
+    def revision_state(self, shards: Iterable[int]) -> tuple[int, int]:
         """``(highest revision, highest compaction)`` of ``shards`` on this replica: what
         a Compact over them is checked against (:func:`check_compaction`)."""
         ms = [self.machines[s] for s in shards]
@@ -868,7 +868,7 @@ class StateMachineBackend(ABC):
             h, compact_rev = self.sm.hash_kv(revision)
             return HashKVResult(int(h), int(compact_rev), self.revision)
         every = range(self.shards)
-        check_hash_revision(revision, *self.compaction_state(every))
+        check_hash_revision(revision, *self.revision_state(every))
         parts = self.shard_hashes(revision, every)
         return HashKVResult(fanout.combine_hashes([h for h, _c in parts]),
                             max(c for _h, c in parts), self.revision)
