@@ -57,15 +57,7 @@ class MetricsServer:
     async def start_unix(self, path: Path) -> None:
         """Listen on the Unix socket ``path`` instead (a worker of a node of several,
         scraped by its supervisor: ``workermetrics.py``); a stale socket file is replaced."""
-        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
-        await runner.setup()
-        self._runner = runner
-        try:
-            await asyncio.to_thread(path.unlink, missing_ok=True)
-            await web.UnixSite(runner, str(path)).start()
-        except BaseException:
-            await self.stop()
-            raise
+        self._runner, _ports = await listen(self.app(), (), unix=path)
 
     async def stop(self) -> None:
         """Close the listeners and any request in flight."""
@@ -121,13 +113,16 @@ class MetricsServer:
 
 
 async def listen(app: web.Application, addresses: Sequence[tuple[str, int, ssl.SSLContext | None]],
-                 ) -> tuple[web.AppRunner, list[int]]:
-    """Serve ``app`` on every ``(host, port, TLS context or None)``: its runner and the
-    ports bound, in order; ``OSError`` naming the address that failed (then nothing is
-    left listening)."""
+                 *, unix: Path | None = None) -> tuple[web.AppRunner, list[int]]:
+    """Serve ``app`` on every ``(host, port, TLS context or None)`` (and on the Unix
+    socket ``unix``, a stale file there replaced): its runner and the ports bound, in
+    order; ``OSError`` naming the address that failed (then nothing is left listening)."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
+        if unix is not None:
+            await asyncio.to_thread(unix.unlink, missing_ok=True)
+            await web.UnixSite(runner, str(unix)).start()
         for host, port, context in addresses:
             site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=context)
             try:
@@ -136,7 +131,7 @@ async def listen(app: web.Application, addresses: Sequence[tuple[str, int, ssl.S
                 scheme = "https" if context is not None else "http"
                 raise OSError(f"cannot serve metrics on {scheme}://{host}:{port}: "
                               f"{e.strerror or e}") from e
-        return runner, [int(addr[1]) for addr in runner.addresses]
+        return runner, [int(a[1]) for a in runner.addresses if isinstance(a, tuple)]
     except BaseException:
         await runner.cleanup()
         raise

@@ -241,7 +241,7 @@ class Node:
             for i in range(self.shards)
         ]
         self.kv = self.machines[0]
-        home = self.worker == 0  # the node-wide groups live in worker 0
+        home = self.hosts_node_services
         self.meta_feed: MetaFeed | None = None
         if home:
             meta: Any = self.cluster
@@ -294,10 +294,7 @@ class Node:
                 await self.http.start_unix(
                     self.plan.metrics_socket(Path(cfg.data_dir), self.worker))
             else:
-                await self.http.start([
-                    (h, p, self._metrics_tls() if cfg.metrics_url_is_tls(url) else None)
-                    for url, (h, p) in zip(cfg.metrics_urls(), cfg.metrics_listen_addresses(),
-                                           strict=True)])
+                await self.http.start(metrics_addresses(cfg, self.client_tls))
         if home:
             add_scheduler_service(self.grpc.server, self.scheduling)
             add_checkpoints_service(self.grpc.server, self.checkpoints)
@@ -374,13 +371,6 @@ class Node:
         """The fencing token of the holder of ``job``'s coordinator lock now (linearizable)."""
         resp = await lock_holder(BackendLockStore(self.backend), lock_name(job))
         return int(resp.kvs[0].create_revision) if resp.kvs else None
-
-    def _metrics_tls(self) -> ssl.SSLContext:
-        """The TLS context of an https:// metrics URL: the client certificate's, following
-        its rotation (config validation made sure there is one)."""
-        if self.client_tls is None:
-            raise ConfigError("listen-metrics-urls: https:// needs --cert-file and --key-file")
-        return following(self.client_tls.server_context)
 
     # transport callbacks go through the node so they can be bound before the host exists
     def _deliver(self, frm: int, batch: list[Any]) -> None:
@@ -750,6 +740,24 @@ def check_layout(config: Config) -> WorkerPlan | None:
         raise ConfigError(str(e)) from None
 
 
+def metrics_addresses(cfg: Config, client_tls: ReloadingTLS | None,
+                      ) -> list[tuple[str, int, ssl.SSLContext | None]]:
+    """Where the metrics listener binds: ``(host, port, TLS context or None)`` of each
+    metrics URL, an https:// one served with the client certificate, following its
+    rotation (config validation made sure there is one)."""
+    out: list[tuple[str, int, ssl.SSLContext | None]] = []
+    for url, (host, port) in zip(cfg.metrics_urls(), cfg.metrics_listen_addresses(),
+                                 strict=True):
+        context = None
+        if cfg.metrics_url_is_tls(url):
+            if client_tls is None:
+                raise ConfigError("listen-metrics-urls: https:// needs --cert-file and "
+                                  "--key-file")
+            context = following(client_tls.server_context)
+        out.append((host, port, context))
+    return out
+
+
 async def supervise(config: Config, argv: Sequence[str]) -> int:
     """``accord serve --workers N``: run the node's N workers (each ``accord serve`` with
     the same arguments and its index in ``ACCORD_WORKER_INDEX``), restart one that dies,
@@ -761,20 +769,9 @@ async def supervise(config: Config, argv: Sequence[str]) -> int:
     http: WorkersMetricsServer | None = None
     if cfg.metrics_enabled:
         files = client_files(cfg)
-        client_tls = ReloadingTLS(files) if files is not None else None
-
-        def context(url: str) -> ssl.SSLContext | None:
-            if not cfg.metrics_url_is_tls(url):
-                return None
-            if client_tls is None:
-                raise ConfigError("listen-metrics-urls: https:// needs --cert-file and "
-                                  "--key-file")
-            return following(client_tls.server_context)
-
         http = WorkersMetricsServer([plan.metrics_socket(Path(cfg.data_dir), k)
                                      for k in range(cfg.workers)])
-        await http.start([(h, p, context(url)) for url, (h, p) in zip(
-            cfg.metrics_urls(), cfg.metrics_listen_addresses(), strict=True)])
+        await http.start(metrics_addresses(cfg, ReloadingTLS(files) if files else None))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

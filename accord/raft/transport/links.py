@@ -315,8 +315,8 @@ class PeerTransport:
         queue is not full and its socket's unsent buffer is below ``max_queue_bytes``
         (else ``send`` or the next ``flush`` drops the message, counted)."""
         peer = self._peers.get(node_id)
-        return (peer is not None and peer.writer is not None and not peer.writer.is_closing()
-                and not self._stopping and not self._full(peer)
+        return (self.connected(node_id) and not self._stopping
+                and peer is not None and peer.writer is not None and not self._full(peer)
                 and peer.writer.transport.get_write_buffer_size() < self._max_queue_bytes)
 
     # -- sending -------------------------------------------------------------
