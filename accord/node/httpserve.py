@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from accord.node.health import HealthChecks
 from accord.node.metrics import NodeMetrics, exposition
@@ -70,11 +71,7 @@ class MetricsServer:
         if request.method != "GET":
             return not_allowed()
         await self._metrics.refresh()
-        body, content_type = exposition(self._metrics.registry,
-                                        request.headers.get("Accept", ""))
-        resp = web.Response(body=body, headers={"Content-Type": content_type})
-        resp.enable_compression()
-        return resp
+        return scrape_response(self._metrics.registry, request)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         if request.method != "GET":
@@ -135,6 +132,14 @@ async def listen(app: web.Application, addresses: Sequence[tuple[str, int, ssl.S
     except BaseException:
         await runner.cleanup()
         raise
+
+
+def scrape_response(registry: CollectorRegistry, request: web.Request) -> web.Response:
+    """``registry`` in the format the scraper asks for, compressed when it allows."""
+    body, content_type = exposition(registry, request.headers.get("Accept", ""))
+    resp = web.Response(body=body, headers={"Content-Type": content_type})
+    resp.enable_compression()
+    return resp
 
 
 def following(current: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:

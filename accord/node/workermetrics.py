@@ -34,8 +34,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from accord.node.httpserve import TEXT, listen, not_allowed
-from accord.node.metrics import exposition
+from accord.node.httpserve import TEXT, listen, not_allowed, scrape_response
 
 log = logging.getLogger("accord.node.workermetrics")
 
@@ -145,10 +144,7 @@ class WorkersMetricsServer:
                  for k, a in enumerate(answers)}
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Families(merge(texts)))
-        body, content_type = exposition(registry, request.headers.get("Accept", ""))
-        resp = web.Response(body=body, headers={"Content-Type": content_type})
-        resp.enable_compression()
-        return resp
+        return scrape_response(registry, request)
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         if request.method != "GET":
