@@ -18,7 +18,10 @@ PY = sys.executable
 async def test_runs_with_env_cwd_logs_and_exit_code(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    code = ("import os, sys; print(os.environ['ACCORD_JOB_ID'], os.getcwd()); "
+    # The task lives a second, so its process group is still there to check below (a
+    # task that exits at once can be reaped before a loaded machine gets there).
+    code = ("import os, sys, time; time.sleep(1); "
+            "print(os.environ['ACCORD_JOB_ID'], os.getcwd()); "
             "print('oops', file=sys.stderr); sys.exit(3)")
     t = TaskProcess(TaskKey("j1", 0, 1), [PY, "-c", code], {"ACCORD_JOB_ID": "j1", "PATH": "/usr/bin"},
                     tmp_path / "tasks", cwd=str(work))
