@@ -36,7 +36,7 @@ from accord.services.kv.backend import (
     now_ms,
 )
 from accord.services.kv.errors import EtcdError
-from accord.services.kv.revorder import ORDER_GATE
+from accord.services.kv.revorder import ORDER_GATE, READ_FENCE_GATE
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
 from accord.services.kv.xcommands import XDECIDE_GATE, XLEASE_GATE, XTXN_GATE
 
@@ -139,6 +139,13 @@ class ReplicatedBackend(StateMachineBackend):
     def ordered_commands(self) -> bool:
         """Whether every member applies ordered stamps (the gate of ``revorder.py``)."""
         return self.node.cluster.min_command_format() >= ORDER_GATE
+
+    @property
+    def fenced_reads(self) -> bool:
+        """Whether every member's shard leaders fence reads (the gate of ``revorder.py``;
+        every member leads some shard, and the one a read asks may be any of them)."""
+        return (self.order is not None
+                and self.node.cluster.min_command_format() >= READ_FENCE_GATE)
 
     @property
     def multi_shard_txns(self) -> bool:

@@ -43,6 +43,7 @@ import functools
 import gc
 import logging
 import os
+import random
 import signal
 import ssl
 import sys
@@ -74,7 +75,7 @@ from accord.node.tls import ReloadingTLS, client_files, peer_files
 from accord.node.workermetrics import WorkersMetricsServer
 from accord.node.workers import WorkerRouter
 from accord.proto import rpc_pb2
-from accord.raft.core.types import Role
+from accord.raft.core.types import NO_NODE, Role
 from accord.raft.host.balance import plan_moves
 from accord.raft.host.multiraft import GroupUnavailable, HostConfig, MultiRaftHost
 from accord.raft.storage.files import fsync_dir, replace_durably
@@ -87,10 +88,15 @@ from accord.services.checkpoints.replicated import CHECKPOINT_GROUP, CheckpointG
 from accord.services.checkpoints.service import lock_name
 from accord.services.checkpoints.servicer import add_checkpoints_service
 from accord.services.cluster.members import ClusterStateMachine, MemberRecord, ShardPlacement
-from accord.services.kv.clockguard import CLOCK_FAILPOINT_ENV, ClockGuard, failpoint_clock
+from accord.services.kv.clockguard import (
+    CLOCK_FAILPOINT_ENV,
+    ClockGuard,
+    ClockUntrusted,
+    failpoint_clock,
+)
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.limits import Limits
-from accord.services.kv.revorder import ORDER_GATE
+from accord.services.kv.revorder import ORDER_GATE, READ_FENCE_GATE
 from accord.services.kv.sharding import shards_of_range
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
 from accord.services.kv.xcommands import XDECIDE_GATE, XLEASE_GATE, XTXN_GATE
@@ -253,6 +259,8 @@ class Node:
             gid = kv_group(i)
             self.host.add_group(gid, _KVMachine(self.machines[i]), recovered.get(gid),
                                 voters=voters)
+            if self.shards > 1:
+                self.host.fence_reads(gid, functools.partial(self._read_fence, gid))
         if home:
             self.scheduling = SchedulerShard.on_host(self.host, self.member_id)
             self.host.add_group(SCHEDULING_GROUP, self.scheduling,
@@ -397,6 +405,34 @@ class Node:
                 log.info("publishing this member's client URLs deferred: %s", e)
                 await asyncio.sleep(1.0)
 
+    def _read_fence(self, group_id: int) -> bytes | None:
+        """A KV shard's read fence (``MultiRaftHost.fence_reads``, ``docs/txn.md``): the
+        backend's floor. Until the backend is built, or while the clock guard refuses
+        this member's clock, no fence can be made and the leader appends nothing; with
+        a refused clock it also hands the shard to another voter, so that the shard
+        goes on with a leader whose clock the cluster agrees with."""
+        backend: ReplicatedBackend | None = getattr(self, "backend", None)
+        if backend is None:
+            raise GroupUnavailable("this member is starting: its reads are not fenced yet")
+        try:
+            return backend.read_fence()
+        except ClockUntrusted as e:
+            asyncio.get_running_loop().call_soon(self._hand_over, group_id)
+            raise GroupUnavailable(str(e)) from None
+
+    def _hand_over(self, group_id: int) -> None:
+        """Transfer the leadership of ``group_id`` to another voter, picked at random
+        (one that is down only costs an election timeout, then another is tried)."""
+        core = self.host.group(group_id).core
+        if core.role != Role.LEADER or core.lead_transferee != NO_NODE:
+            return
+        others = [v for v in core.conf_state.voters if v != self.member_id]
+        if others:
+            target = random.choice(others)
+            log.warning("group %d: this member's clock is refused; handing leadership to %d",
+                        group_id, target)
+            self.host.transfer_leader(group_id, target)
+
     async def _advertise(self) -> None:
         """Advertise, through the meta group, the newest command format this node
         applies (the cluster-version gate: ``ClusterStateMachine.min_command_format``).
@@ -419,7 +455,7 @@ class Node:
         self.cluster.listeners.append(check)
         cmd = ClusterStateMachine.encode_advertise(
             self.member_id, max(COMPACT_FORMAT, AUTH_FORMAT, XTXN_GATE, ORDER_GATE,
-                                XLEASE_GATE, XDECIDE_GATE))
+                                XLEASE_GATE, XDECIDE_GATE, READ_FENCE_GATE))
         while True:
             try:
                 await self.host.propose(META_GROUP, cmd, timeout=2.0)

@@ -103,6 +103,33 @@ def test_a_range_over_all_shards_then_a_watch_misses_nothing(cluster: ProcCluste
     assert [(kv.key, kv.value) for kv in again.kvs] == [(k, b"0") for k in keys]
 
 
+def test_a_read_of_one_shard_answers_above_writes_acknowledged_on_others(
+    cluster: ProcCluster,
+) -> None:
+    """As on one etcd, a read's header.revision is the store's: above every write
+    acknowledged before it, on any shard, through any member; a Range at that revision
+    answers the same later, after the shard was written again; and a Compact there is
+    no future revision (``docs/txn.md``, "The revision of a read")."""
+    keys = _keys_on_every_shard("fence")
+    stubs = [n.kv() for n in cluster.nodes]
+    for k in keys:
+        _retry(stubs[0].Put, pb.PutRequest(key=k, value=b"0"))
+    for i in range(40):
+        wrote, read = keys[i % SHARDS], keys[(i + 1 + i // SHARDS % (SHARDS - 1)) % SHARDS]
+        assert wrote != read
+        put = _retry(stubs[i % 3].Put, pb.PutRequest(key=wrote, value=b"%d" % i))
+        got = _retry(stubs[(i + 1) % 3].Range, pb.RangeRequest(key=read))
+        acked, at = put.header.revision, got.header.revision  # type: ignore[attr-defined]
+        assert at >= acked, (i, at, acked)
+        (kv,) = got.kvs  # type: ignore[attr-defined]
+        _retry(stubs[2].Put, pb.PutRequest(key=read, value=b"later"))
+        again = _retry(stubs[i % 3].Range, pb.RangeRequest(key=read, revision=at))
+        assert [(x.value, x.mod_revision) for x in again.kvs] == [  # type: ignore[attr-defined]
+            (kv.value, kv.mod_revision)]
+    both = _retry(stubs[1].Range, pb.RangeRequest(key=keys[0], range_end=keys[-1] + b"\0"))
+    _retry(stubs[0].Compact, pb.CompactionRequest(revision=both.header.revision))  # type: ignore[attr-defined]
+
+
 def test_txn_across_shards_commits_at_one_revision_and_a_lease_spans_them(
     cluster: ProcCluster,
 ) -> None:

@@ -29,22 +29,61 @@ from tests.kv.helpers import op_put
 SHARDS = 8
 
 
+class Leaders:
+    """The shards' leaders, as far as reads are concerned (``MultiRaftHost.fence_reads``):
+    a read barrier is a leader answering a read (everything appended is applied here, so
+    at its last index), and before a leader appends after answering reads it appends its
+    fence, made by ``fencer`` (the member that leads every shard). ``fence=False`` is the
+    broken variant: members answer reads at their clock, but no leader fences."""
+
+    def __init__(self, shards: int, fence: bool = True) -> None:
+        self.fence = fence
+        self.answered = [0] * shards
+        self.fenced_at = [0] * shards
+        self.fencer: StateMachineBackend | None = None
+
+    def append(self, machines: list[KVStateMachine], shard: int, command: bytes) -> Any:
+        if self.fence and self.answered[shard] != self.fenced_at[shard]:
+            assert self.fencer is not None
+            fence = self.fencer.read_fence()
+            if fence is not None:
+                machines[shard].apply(fence)
+            self.fenced_at[shard] = self.answered[shard]
+        return machines[shard].apply(command)
+
+
 class Member(StateMachineBackend):
     """One member: proposes to the shared shard machines (applied at once, after a yield)
-    and stamps with its own clock."""
+    and stamps with its own clock. With ``leaders``, its reads answer at its clock
+    (fenced reads) and its proposals spend 0-3 turns in flight (``delays``) after their
+    stamp, as a proposal forwarded to a shard's leader does."""
 
     def __init__(self, machines: list[KVStateMachine], clock_ns: Callable[[], int],
-                 max_drift_ms: float = 0.0, ordered: bool = True) -> None:
+                 max_drift_ms: float = 0.0, ordered: bool = True,
+                 leaders: Leaders | None = None, delays: random.Random | None = None) -> None:
         super().__init__(machines)
         self.order = (RevisionOrder(len(machines), max_drift_ms, clock_ns=clock_ns)
                       if ordered else None)
+        self.leaders = leaders
+        self.delays = delays
+
+    @property
+    def fenced_reads(self) -> bool:
+        return self.leaders is not None and self.order is not None
 
     async def commit(self, command: bytes, shard: int = 0) -> Any:
         await asyncio.sleep(0)
-        return self.machines[shard].apply(command)
+        if self.leaders is None:
+            return self.machines[shard].apply(command)
+        if self.delays is not None:
+            for _ in range(self.delays.randrange(4)):
+                await asyncio.sleep(0)
+        return self.leaders.append(self.machines, shard, command)
 
     async def read_barrier(self, shard: int = 0) -> None:
         await asyncio.sleep(0)
+        if self.leaders is not None:
+            self.leaders.answered[shard] += 1
 
     def header_info(self) -> HeaderInfo:
         return HeaderInfo(1, 1, 1, 1)
@@ -66,18 +105,26 @@ def key_on(shard: int, i: int = 0) -> bytes:
     raise AssertionError("no key found")
 
 
-async def _workload(ordered: bool, seed: int) -> tuple[list[tuple[int, int, int]], list[str]]:
+async def _workload(ordered: bool, seed: int, leaders: Leaders | None = None,
+                    ) -> tuple[list[tuple[int, int, int]], list[str]]:
     """16 writers through 3 members on 8 shards: single-shard puts, deletes, multi-shard
-    Txns; returns ``(start, ack, revision)`` of every acknowledged write (start/ack: a
-    logical time, one counter for the whole run) and the stability problems found by
-    reading past revisions again at the end."""
+    Txns, reads of one key or of all; returns ``(start, ack, revision)`` of every
+    acknowledged write (start/ack: a logical time, one counter for the whole run) and the
+    problems found in the reads: a read that started after a write was acknowledged
+    answering at a lower revision (with ``leaders``: fenced reads; without, a read
+    answers at the revision of the shards it reads, which the check then leaves out),
+    and a Range at a read's revision answering differently at the end."""
     rnd = random.Random(seed)
     machines = shards_of()
     base = tick_clock(1_000_000)
-    members = [Member(machines, base, ordered=ordered) for _ in range(3)]
+    members = [Member(machines, base, ordered=ordered, leaders=leaders,
+                      delays=random.Random(seed * 10 + i)) for i in range(3)]
+    if leaders is not None:
+        leaders.fencer = members[0]
     now = 0
     done: list[tuple[int, int, int]] = []
-    reads: list[tuple[int, list[tuple[bytes, bytes, int]]]] = []
+    reads: list[tuple[int, bytes, bytes | None, list[tuple[bytes, bytes, int]]]] = []
+    read_times: list[tuple[int, int]] = []
     keys = [key_on(s, i) for s in range(SHARDS) for i in range(3)]
 
     async def writer() -> None:
@@ -98,19 +145,30 @@ async def _workload(ordered: bool, seed: int) -> tuple[list[tuple[int, int, int]
             if not isinstance(r, pb.DeleteRangeResponse) or r.deleted:
                 # (a delete of nothing is no write transaction: etcd gives it no revision)
                 done.append((start, now, int(r.header.revision)))
-            if rnd.random() < 0.2:
-                got = await m.range(pb.RangeRequest(key=b"k", range_end=b"l"))
-                reads.append((int(got.header.revision),
+            if rnd.random() < 0.3:
+                key, end = (b"k", b"l") if rnd.random() < 0.4 else (rnd.choice(keys), None)
+                now += 1
+                read_start = now
+                got = await rnd.choice(members).range(pb.RangeRequest(key=key, range_end=end))
+                reads.append((int(got.header.revision), key, end,
                               [(kv.key, kv.value, kv.mod_revision) for kv in got.kvs]))
+                read_times.append((read_start, int(got.header.revision)))
 
     await asyncio.gather(*(writer() for _ in range(16)))
     for m in members:
         await m.xcoord.drain()
     problems = []
-    for rev, kvs in reads:
-        again = await members[0].range(pb.RangeRequest(key=b"k", range_end=b"l", revision=rev))
+    if leaders is not None:
+        for start, rev in read_times:
+            before = [r for _s, ack, r in done if ack < start]
+            if before and max(before) > rev:
+                problems.append(f"a read that started after {max(before)} was acknowledged "
+                                f"answered at {rev}")
+    for rev, key, end, kvs in reads:
+        again = await members[0].range(pb.RangeRequest(key=key, range_end=end, revision=rev))
         if [(kv.key, kv.value, kv.mod_revision) for kv in again.kvs] != kvs:
-            problems.append(f"a Range at {rev} changed")
+            problems.append(f"a Range at {rev} changed: {key!r}..{end!r} {kvs} then "
+                            f"{[(kv.key, kv.value, kv.mod_revision) for kv in again.kvs]}")
     return done, problems
 
 
@@ -137,6 +195,25 @@ async def test_every_write_has_its_own_revision_in_real_time_order(seed: int) ->
     done, problems = await _workload(ordered=True, seed=seed)
     assert len(done) > 16 * 20
     assert order_problems(done) == [] and problems == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_a_fenced_read_answers_above_every_write_acknowledged_before_it(seed: int) -> None:
+    """A read's revision is the store's, as on one etcd: above every write acknowledged
+    before the read started, whatever shard it read, and a Range there later answers
+    the same (the leaders' fences keep writes in flight above it)."""
+    done, problems = await _workload(ordered=True, seed=seed, leaders=Leaders(SHARDS))
+    assert len(done) > 16 * 20
+    assert order_problems(done) == [] and problems == []
+
+
+async def test_the_broken_variant_reads_at_the_clock_without_fences_is_caught() -> None:
+    found: list[str] = []
+    for seed in (1, 2, 3):
+        _done, problems = await _workload(ordered=True, seed=seed,
+                                          leaders=Leaders(SHARDS, fence=False))
+        found += problems
+    assert any("changed" in p for p in found), found
 
 
 async def test_the_broken_variant_shards_counting_on_their_own_is_caught() -> None:

@@ -108,6 +108,11 @@ class Config:
     lease_read: bool = False
     clock_drift_ticks: int = 0
     seed: int | None = None
+    read_index_appended: bool = False
+    """A leader answers a ReadIndex with its *last* index when it answers, not its
+    commit index, and counts the answers (:attr:`RaftCore.reads_answered`): every entry
+    appended before the answer is then applied before the read is served, so the host
+    can fence what is appended after it (the KV shards' read fence, ``docs/txn.md``)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first inconsistent setting."""
@@ -176,6 +181,9 @@ class RaftCore:
         self._readonly = ReadOnly()
         self._early_reads: list[tuple[int, bytes]] = []
         self._round_seq = 0
+        self.reads_answered = 0
+        """ReadIndex requests this node answered as leader with
+        ``Config.read_index_appended`` on (the host fences appends after each change)."""
         self._lead_transferee = NO_NODE
         self._pending_conf_index = 0
         self._uncommitted_size = 0
@@ -313,6 +321,10 @@ class RaftCore:
         if self._lead == NO_NODE:
             raise ProposalDropped("no leader known; retry after an election")
         self._send(Message(MT.READ_INDEX, to=self._lead, frm=self._id, context=ctx))
+
+    def answer_reads_at_last_index(self) -> None:
+        """Turn on ``Config.read_index_appended`` (the host's read fence needs it)."""
+        self._cfg.read_index_appended = True
 
     def transfer_leader(self, target: int) -> None:
         """Hand leadership to ``target`` (TimeoutNow); followers forward the request."""
@@ -959,6 +971,9 @@ class RaftCore:
         return start >= 0 and self._now - start < cfg.election_tick - cfg.clock_drift_ticks
 
     def _respond_read(self, requester: int, ctx: bytes, index: int) -> None:
+        if self._cfg.read_index_appended:
+            index = self._log.last_index()
+            self.reads_answered += 1
         if requester == self._id:
             self._read_states.append(ReadState(index, ctx))
         else:

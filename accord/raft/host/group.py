@@ -139,6 +139,12 @@ class Group:
     want_compaction: bool = False
     """A node was added while the log still starts at index 1: snapshot soon, so a
     leader (this one, or whichever follows) can send the newcomer a snapshot."""
+    read_fence: Callable[[], bytes | None] | None = None
+    """The state machine's read fence (``MultiRaftHost.fence_reads``): the command a
+    leader appends before anything it appends after answering reads; it raises
+    ``GroupUnavailable`` when it cannot be made now. None: reads are not fenced."""
+    fenced_at: tuple[int, int] = (0, -1)
+    """``(term, reads answered)`` of the core when the fence was last appended."""
 
     @property
     def leader(self) -> int:

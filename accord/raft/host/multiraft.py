@@ -58,7 +58,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from accord.raft.core.confchange import ConfChange, members
 from accord.raft.core.raft import Config as CoreConfig
@@ -255,6 +255,15 @@ class MultiRaftHost:
         self._activate(g)
         self._mark(g)
         return g
+
+    def fence_reads(self, group_id: int, fence: Callable[[], bytes | None]) -> None:
+        """Fence the reads of ``group_id``: its leader answers a ReadIndex at its last
+        index and, before it appends anything after answering reads (or first in a
+        term), appends ``fence()`` (``Proposer.fence``). The KV shards use it so that a
+        read may answer at a revision from the clock (``docs/txn.md``)."""
+        g = self._groups[group_id]
+        g.core.answer_reads_at_last_index()
+        g.read_fence = fence
 
     def _note_peers(self, cs: ConfState) -> None:
         for n in (*cs.voters, *cs.learners, *cs.voters_outgoing):

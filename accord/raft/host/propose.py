@@ -142,6 +142,7 @@ class Proposer:
         self._activate(g)
         core = g.core
         if core.role == Role.LEADER:
+            self.fence(g)
             try:
                 core.propose(data)
             except ProposalDropped as e:
@@ -225,6 +226,13 @@ class Proposer:
             self._refuse_forwarded(g, msg, msg.entries)
             return
         g.load[msg.frm] = g.load.get(msg.frm, 0) + len(msg.entries)
+        try:
+            self.fence(g)
+        except GroupUnavailable as exc:
+            log.info("group %d: forwarded proposals from node %d refused: %s",
+                     g.id, msg.frm, exc)
+            self._refuse_forwarded(g, msg, msg.entries)
+            return
         for i, e in enumerate(msg.entries):
             try:
                 if e.type == EntryType.CONF_CHANGE:
@@ -238,6 +246,28 @@ class Proposer:
                 self._refuse_forwarded(g, msg, msg.entries[i:])
                 break
         self._mark(g)
+
+    def fence(self, g: Group) -> None:
+        """Before a leader appends: the group's read fence, once per change of term or
+        of the reads the core answered (``Group.read_fence``). A read answered at the
+        leader's last index sees everything appended before the answer; the fence puts
+        what follows above every revision such a read answered (``docs/txn.md``, "The
+        revision of a read")."""
+        make = g.read_fence
+        if make is None:
+            return
+        core = g.core
+        mark = (core.term, core.reads_answered)
+        if mark == g.fenced_at:
+            return
+        payload = make()
+        if payload is not None:
+            self._seq += 1
+            try:
+                core.propose(_ENVELOPE.pack((self.node_id, self._seq, payload)))
+            except ProposalDropped as e:
+                raise GroupUnavailable(_transient(str(e))) from None
+        g.fenced_at = mark
 
     def _refuse_forwarded(self, g: Group, msg: Message, entries: list[Entry]) -> None:
         """Tell the origin that these forwarded proposals were not appended.

@@ -324,22 +324,77 @@ class StateMachineBackend(ABC):
             return await self.xcoord.wait_free(shard, ranges, below=rev)
         return 0
 
+    async def _wait_one_shard_read(self, shard: int, kr: KeyRange, revision: int,
+                                   start: int) -> None:
+        """Before a linearizable read of one shard: wait out the intents over ``kr`` at
+        or below the revision it answers at (``revision``, or the shard's latest and the
+        read's ``start``), again while one is still in the way: an intent prepared while
+        the read waited raised the shard to its reservation, and a read answering there
+        must not miss the Txn that commits there."""
+        sm = self.machines[shard]
+        for _ in range(1000):
+            below = revision if revision > 0 else max(sm.revision, start)
+            if not any(i.rev <= below and i.overlaps(kr) for i in sm.intents.intents.values()):
+                return
+            await self.wait_intents(shard, [kr], below)
+        raise errors.TIMEOUT
+
     async def _read_revision(
-        self, shards: Sequence[int], ranges: Sequence[KeyRange], rev: int, chosen: bool
+        self, shards: Sequence[int], ranges: Sequence[KeyRange], rev: int, chosen: bool,
+        fenced: int = 0,
     ) -> int:
         """The revision of a linearizable read over several shards: ``rev`` floored on
-        every shard and the intents in the way waited out. A read at a revision it chose
-        itself (``chosen``: the client gave none) that waited for a Txn which then
-        committed above ``rev`` reads again at that revision, so that it sees a Txn
-        answered before it began (``PREPARE_DECIDE`` may decide above a participant's
-        reserved revision); a read at the client's revision reads there."""
+        every shard (unless the shards' read fences already hold it: ``rev <= fenced``,
+        the read's :meth:`read_start`) and the intents in the way waited out. A read at
+        a revision it chose itself (``chosen``: the client gave none) that waited for a
+        Txn which then committed above ``rev`` reads again at that revision, so that it
+        sees a Txn answered before it began (``PREPARE_DECIDE`` may decide above a
+        participant's reserved revision); a read at the client's revision reads there."""
         while True:
-            await self.floor(shards, rev)
+            if rev > fenced:
+                await self.floor(shards, rev)
             met = await self._each(shards, lambda s, r=rev: self.wait_intents(s, ranges, r))
             top = max(met)
             if not chosen or top <= rev or self.broken_read_below_decided:
                 return rev
             rev = top
+
+    @property
+    def fenced_reads(self) -> bool:
+        """Whether every shard's leader fences reads (:meth:`read_fence`), so that a
+        linearizable read may answer at its :meth:`read_start`; a replicated backend
+        says so once every member advertised ``revorder.READ_FENCE_GATE``."""
+        return False
+
+    def read_fence(self) -> bytes | None:
+        """What a shard's leader appends before anything it appends after answering
+        reads (``MultiRaftHost.fence_reads``): a floor at ``RevisionOrder.fence``, above
+        every revision those reads answered; None with one shard. Raises
+        ``ClockUntrusted`` while the guard refuses this member's clock."""
+        order = self.order
+        if order is None:
+            return None
+        return self.sm.encode_floor(order.fence())
+
+    def read_start(self) -> int:
+        """The revision a linearizable read that starts now answers at, at least
+        (``RevisionOrder.read_revision``): above every write acknowledged before, on any
+        shard, as one etcd's current revision is. 0 where reads are not fenced (one
+        shard, the gate closed) or the guard refuses this member's clock: the read then
+        answers at the revision of the shards it reads."""
+        order = self.order
+        if order is None or not self.fenced_reads:
+            return 0
+        try:
+            return order.read_revision()
+        except ClockUntrusted:
+            return 0
+
+    def latest_revision(self) -> int:
+        """The highest revision a request may name now (above it: etcd's future-revision
+        error): the highest this member applied on any shard, or, with fenced reads, the
+        revision a read starting now answers at, if higher."""
+        return max(self.revision, self.read_start())
 
     async def resolve_stale_intents(self) -> int:
         """The recovery pass over the shards this member leads (``docs/txn.md``)."""
@@ -361,7 +416,7 @@ class StateMachineBackend(ABC):
         readable on every shard, as on one etcd, once this shard is floored there;
         above every shard's it stays etcd's future-revision error."""
         await self._each(range(self.shards), self.read_barrier)
-        if revision <= self.revision:
+        if revision <= self.latest_revision():
             await self.floor([shard], revision)
 
     def _advance_watch(self, shards: list[int], revision: int) -> None:
@@ -444,24 +499,34 @@ class StateMachineBackend(ABC):
         self.sm.validate_range(req)
         shards = sharding.shards_of_range(req.key, req.range_end, self.shards)
         if len(shards) == 1:
-            sm = self.machines[shards[0]]
-            if not req.serializable:
-                await self.read_barrier(shards[0])
+            shard = shards[0]
+            sm = self.machines[shard]
+            if req.serializable:
                 if req.revision > sm.revision and self.shards > 1:
-                    await self._reach(shards[0], req.revision)
-                if sm.intents.intents:
-                    await self.wait_intents(
-                        shards[0], [KeyRange.of(req.key, req.range_end)],
-                        req.revision if req.revision > 0 else sm.revision)
-            if req.serializable and req.revision > sm.revision and self.shards > 1:
-                # Local and possibly stale, as the multi-shard serializable read below: at
-                # the shard's latest, for a revision some shard of this member has.
-                if req.revision > self.revision:
-                    raise errors.FUTURE_REV
+                    # Local and possibly stale, as the multi-shard serializable read
+                    # below: at the shard's latest, for a revision of the store.
+                    if req.revision > self.latest_revision():
+                        raise errors.FUTURE_REV
+                    part = sm.range(fanout.per_shard_request(req, sm.revision), validated=True)
+                    return fanout.merge_ranges(req, [part], req.revision, self.sm.limits)
+                return sm.range(req, validated=True)
+            start = self.read_start()
+            await self.read_barrier(shard)
+            if req.revision > max(sm.revision, start) and self.shards > 1:
+                await self._reach(shard, req.revision)
+            if sm.intents.intents:
+                await self._wait_one_shard_read(shard, KeyRange.of(req.key, req.range_end),
+                                                req.revision, start)
+            if sm.revision < req.revision <= start:
+                # At or below the read's start: the fence keeps everything after the
+                # shard's latest above it, so the shard's latest is the state there.
                 part = sm.range(fanout.per_shard_request(req, sm.revision), validated=True)
-                return fanout.merge_ranges(req, [part], req.revision, self.sm.limits)
-            resp = sm.range(req, validated=True)
-            if self.order is not None and not req.serializable:
+                resp = fanout.merge_ranges(req, [part], sm.revision, self.sm.limits)
+            else:
+                resp = sm.range(req, validated=True)
+            if start > resp.header.revision:
+                resp.header.revision = start
+            if self.order is not None:
                 await self.settle(resp.header.revision)
             return resp
         if req.serializable:
@@ -469,7 +534,7 @@ class StateMachineBackend(ABC):
             # requested revision or its own latest, whichever is lower.
             top = max(self.machines[s].revision for s in shards)
             rev = req.revision if req.revision > 0 else top
-            if rev > top:
+            if rev > top and rev > self.latest_revision():
                 raise errors.FUTURE_REV
             parts = [
                 self.machines[s].range(
@@ -477,15 +542,18 @@ class StateMachineBackend(ABC):
                 for s in shards
             ]
             return fanout.merge_ranges(req, parts, rev, self.sm.limits)
+        start = self.read_start()
         await self._each(shards, self.read_barrier)
         top = max(self.machines[s].revision for s in shards)
-        rev = req.revision if req.revision > 0 else top
-        if rev > top:
+        rev = req.revision if req.revision > 0 else max(top, start)
+        if rev > top and rev > start and rev > self.latest_revision():
             raise errors.FUTURE_REV
         kr = [KeyRange.of(req.key, req.range_end)]
-        rev = await self._read_revision(shards, kr, rev, req.revision <= 0)
-        sub = fanout.per_shard_request(req, rev)
-        parts = [self.machines[s].range(sub) for s in shards]
+        rev = await self._read_revision(shards, kr, rev, req.revision <= 0, start)
+        # A shard behind ``rev`` is fenced or floored there: its latest is its state at rev.
+        parts = [self.machines[s].range(
+            fanout.per_shard_request(req, min(rev, self.machines[s].revision)))
+            for s in shards]
         await self.settle(rev)
         return fanout.merge_ranges(req, parts, rev, self.sm.limits)
 
@@ -689,7 +757,8 @@ class StateMachineBackend(ABC):
         """``(highest revision, highest compaction)`` of ``shards`` on this replica: what
         a Compact over them is checked against (:func:`check_compaction`)."""
         ms = [self.machines[s] for s in shards]
-        return max(int(m.revision) for m in ms), max(int(m.compact_revision) for m in ms)
+        top = max(max(int(m.revision) for m in ms), self.read_start())
+        return top, max(int(m.compact_revision) for m in ms)
 
     async def compact_shards(self, req: rpc_pb2.CompactionRequest, shards: Iterable[int]) -> int:
         """Compact ``shards`` at ``req.revision``, each floored there first and the intents

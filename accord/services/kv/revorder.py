@@ -33,6 +33,10 @@ from accord.services.kv.clockguard import ClockGuard
 
 ORDER_GATE = 5
 """The command format from which members apply ordered stamps (the cluster-version gate)."""
+READ_FENCE_GATE = 8
+"""The format a member advertises once its shard leaders fence reads (``read_fence``):
+a linearizable read's ``header.revision`` comes from the clock (``read_revision``) only
+once every member does, since any of them may lead the shard it reads."""
 
 
 class RevisionOrder:
@@ -68,6 +72,26 @@ class RevisionOrder:
         if self.guard is not None:
             self.guard.check()
         return -(max(1, self.now_us()) * self.shards)
+
+    def read_revision(self) -> int:
+        """The revision a linearizable read that starts now may answer at, whatever
+        shard it reads: ``t * n - 1``. Every write acknowledged before now was answered
+        after its member's clock passed ``R // n + max_drift``, so ``R < t * n`` on any
+        clock within the drift; the shard's leader fences above it (:meth:`fence`).
+        Raises ``ClockUntrusted`` when the guard refuses this member's clock."""
+        if self.guard is not None:
+            self.guard.check()
+        return max(1, self.now_us()) * self.shards - 1
+
+    def fence(self) -> int:
+        """The floor a shard's leader appends before anything it appends after answering
+        reads: ``(t + max_drift) * n``, above the :meth:`read_revision` of every read it
+        answered (each started before the answer, on a clock within the drift), so no
+        write appended later lands at or below what such a read answered. Raises
+        ``ClockUntrusted`` when the guard refuses this member's clock."""
+        if self.guard is not None:
+            self.guard.check()
+        return (max(1, self.now_us()) + self.drift_us) * self.shards
 
     def ready(self, revision: int) -> bool:
         """Whether an answer at ``revision`` may be given now (its commit-wait is over)."""

@@ -219,3 +219,23 @@ def test_forwarded_read_to_fresh_leader_waits_for_its_first_commit() -> None:
     net.tick(1, nodes=[1])
     assert lead.commit_index == 1
     assert net.read_states[2] == [ReadState(1, b"early")]
+
+
+@pytest.mark.parametrize("appended", [False, True])
+def test_a_fenced_leader_answers_reads_at_its_last_index_and_counts_them(appended: bool) -> None:
+    """With ``read_index_appended`` (the KV shards' read fence) a read's index covers
+    entries the leader appended but has not committed, for the reader here and for one
+    forwarded by a follower; the host fences appends after each counted answer."""
+    net = Net([1, 2, 3], read_index_appended=appended)
+    lead = net.elect(1)
+    net.msg_filter = lambda m: m.type != MT.APP  # appended entries stay uncommitted
+    lead.propose(b"in flight")
+    net.stabilize()
+    assert lead.last_index == lead.commit_index + 1
+    lead.read_index(b"here")
+    net.cores[2].read_index(b"there")
+    net.tick(1)
+    want = lead.last_index if appended else lead.commit_index
+    assert net.read_states[1] == [ReadState(want, b"here")]
+    assert net.read_states[2] == [ReadState(want, b"there")]
+    assert lead.reads_answered == (2 if appended else 0)

@@ -413,6 +413,41 @@ async def test_read_barrier_on_a_follower_sees_acknowledged_writes(cluster: Clus
         assert cluster.nodes[follower].sms[1].data["x"] == str(i)
 
 
+async def test_a_fenced_group_appends_its_fence_before_what_follows_answered_reads(
+    cluster: Cluster,
+) -> None:
+    """``fence_reads``: the leader appends the fence first in its term and then before
+    the first append after it answered reads (its own or a follower's), never between
+    writes with no read between them; a fence that cannot be made refuses the write."""
+    made = 0
+    refuse = False
+
+    def fence() -> bytes:
+        nonlocal made
+        if refuse:
+            raise GroupUnavailable("no fence now")
+        made += 1
+        return bytes(msgpack.packb(["fence", str(made)]))
+
+    for n in cluster.nodes.values():
+        n.host.fence_reads(1, fence)
+    lead = await cluster.leader(1)
+    follower = next(n for n in (1, 2, 3) if n != lead)
+    for i in range(3):
+        await cluster.put(follower, 1, "w", f"a{i}")
+    await cluster.nodes[follower].host.read_barrier(1)
+    await cluster.nodes[lead].host.read_barrier(1)
+    await cluster.put(lead, 1, "w", "b0")
+    await cluster.put(follower, 1, "w", "b1")
+    order = [k for _i, k in cluster.nodes[lead].sms[1].applied]
+    assert order == ["fence", "w", "w", "w", "fence", "w", "w"], order
+    await cluster.nodes[follower].host.read_barrier(1)
+    refuse = True
+    with pytest.raises(GroupUnavailable, match="no fence now"):
+        await cluster.nodes[lead].host.propose(1, msgpack.packb(["w", "c"]), timeout=2.0)
+    assert cluster.nodes[lead].sms[1].data["w"] == "b1"
+
+
 async def test_lagging_node_catches_up_by_snapshot_after_compaction(cluster: Cluster) -> None:
     lead = await cluster.leader(2)
     lagging = next(n for n in (1, 2, 3) if n != lead)
