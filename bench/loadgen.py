@@ -21,6 +21,8 @@ Workloads (``Spec.workload``):
 * ``txn2``: the same over two keys of different partitions (on an 8-shard accord: two
   shards), ``Txn(both mod_revisions == last) then Put both``;
 * ``mixed``: 90% linearizable get, 10% put;
+* ``scan``: a linearizable Range over 16 keys of 16 partitions (on a sharded accord: a
+  read of every shard, merged at one revision);
 * ``lock``: acquire (``Txn(create_revision == 0) then Put with lease``) and release
   (``DeleteRange``), etcd's lock recipe without waiters; one op is the pair;
 * ``revoke``: a session's life, ``LeaseGrant``, a ``Put`` of the client's key with that
@@ -58,7 +60,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WORKLOADS = ("put", "sput", "get", "sget", "txn", "stxn", "txn2", "mixed", "lock", "revoke",
+WORKLOADS = ("put", "sput", "get", "sget", "txn", "stxn", "txn2", "mixed", "scan", "lock",
+             "revoke",
              "watch",
              "lease", "load")
 RPC_TIMEOUT = 10.0

@@ -29,6 +29,8 @@ from bench.loadgen import READ_KEYS, RPC_TIMEOUT, Spec, random_value, share, sta
 rpc_pb2_grpc: Any = _rpc_grpc  # generated stubs are untyped
 
 SEED_CONCURRENCY = 64
+SCAN_KEYS = 16
+"""Keys of the ``scan`` workload, one per partition (so spread over every shard)."""
 LEASE_TTL = 3600
 
 
@@ -260,6 +262,27 @@ class Worker:
                     await kv.Put(rpc_pb2.PutRequest(key=key, value=value), timeout=RPC_TIMEOUT)
                 else:
                     await kv.Range(rpc_pb2.RangeRequest(key=key), timeout=RPC_TIMEOUT)
+            ops.append(op)
+        return lambda s, e: closed_loop(ops, s, e)
+
+    async def _w_scan(self, spec: Spec) -> Runner:
+        """A linearizable Range over one key in each of ``SCAN_KEYS`` partitions."""
+        value = random_value(spec.value_size)
+        first = self.kv(spec.endpoints[0])
+        for i in range(SCAN_KEYS):
+            if i % self.count == self.index:
+                await first.Put(rpc_pb2.PutRequest(key=b"/bench-scan-%02d/k" % i, value=value),
+                                timeout=RPC_TIMEOUT)
+        ops: list[Op] = []
+        for _gid, ep in self.clients(spec):
+            kv = self.kv(ep)
+
+            async def op(kv: Any = kv) -> None:
+                r = await kv.Range(rpc_pb2.RangeRequest(key=b"/bench-scan-",
+                                                        range_end=b"/bench-scan."),
+                                   timeout=RPC_TIMEOUT)
+                if spec.check and len(r.kvs) != SCAN_KEYS:
+                    raise RuntimeError(f"a scan found {len(r.kvs)} of {SCAN_KEYS} keys")
             ops.append(op)
         return lambda s, e: closed_loop(ops, s, e)
 

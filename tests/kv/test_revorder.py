@@ -108,7 +108,7 @@ def key_on(shard: int, i: int = 0) -> bytes:
 async def _workload(ordered: bool, seed: int, leaders: Leaders | None = None,
                     ) -> tuple[list[tuple[int, int, int]], list[str]]:
     """16 writers through 3 members on 8 shards: single-shard puts, deletes, multi-shard
-    Txns, reads of one key or of all; returns ``(start, ack, revision)`` of every
+    Txns, reads (Ranges and read-only Txns) of one key, two or all; returns ``(start, ack, revision)`` of every
     acknowledged write (start/ack: a logical time, one counter for the whole run) and the
     problems found in the reads: a read that started after a write was acknowledged
     answering at a lower revision (with ``leaders``: fenced reads; without, a read
@@ -146,13 +146,24 @@ async def _workload(ordered: bool, seed: int, leaders: Leaders | None = None,
                 # (a delete of nothing is no write transaction: etcd gives it no revision)
                 done.append((start, now, int(r.header.revision)))
             if rnd.random() < 0.3:
-                key, end = (b"k", b"l") if rnd.random() < 0.4 else (rnd.choice(keys), None)
                 now += 1
                 read_start = now
-                got = await rnd.choice(members).range(pb.RangeRequest(key=key, range_end=end))
-                reads.append((int(got.header.revision), key, end,
-                              [(kv.key, kv.value, kv.mod_revision) for kv in got.kvs]))
-                read_times.append((read_start, int(got.header.revision)))
+                reader = rnd.choice(members)
+                if rnd.random() < 0.3:  # a read-only Txn of one or two shards' keys
+                    ks = rnd.sample(keys, rnd.choice((1, 2)))
+                    t = await reader.txn(pb.TxnRequest(success=[
+                        pb.RequestOp(request_range=pb.RangeRequest(key=k)) for k in ks]))
+                    rev = int(t.header.revision)
+                    for k, r in zip(ks, t.responses, strict=True):
+                        reads.append((rev, k, None, [(kv.key, kv.value, kv.mod_revision)
+                                                     for kv in r.response_range.kvs]))
+                else:
+                    key, end = (b"k", b"l") if rnd.random() < 0.4 else (rnd.choice(keys), None)
+                    got = await reader.range(pb.RangeRequest(key=key, range_end=end))
+                    rev = int(got.header.revision)
+                    reads.append((rev, key, end,
+                                  [(kv.key, kv.value, kv.mod_revision) for kv in got.kvs]))
+                read_times.append((read_start, rev))
 
     await asyncio.gather(*(writer() for _ in range(16)))
     for m in members:

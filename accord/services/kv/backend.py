@@ -324,9 +324,9 @@ class StateMachineBackend(ABC):
             return await self.xcoord.wait_free(shard, ranges, below=rev)
         return 0
 
-    async def _wait_one_shard_read(self, shard: int, kr: KeyRange, revision: int,
-                                   start: int) -> None:
-        """Before a linearizable read of one shard: wait out the intents over ``kr`` at
+    async def _wait_one_shard_read(self, shard: int, ranges: Sequence[KeyRange],
+                                   revision: int, start: int) -> None:
+        """Before a linearizable read of one shard: wait out the intents over ``ranges`` at
         or below the revision it answers at (``revision``, or the shard's latest and the
         read's ``start``), again while one is still in the way: an intent prepared while
         the read waited raised the shard to its reservation, and a read answering there
@@ -334,9 +334,10 @@ class StateMachineBackend(ABC):
         sm = self.machines[shard]
         for _ in range(1000):
             below = revision if revision > 0 else max(sm.revision, start)
-            if not any(i.rev <= below and i.overlaps(kr) for i in sm.intents.intents.values()):
+            if not any(i.rev <= below and any(i.overlaps(kr) for kr in ranges)
+                       for i in sm.intents.intents.values()):
                 return
-            await self.wait_intents(shard, [kr], below)
+            await self.wait_intents(shard, ranges, below)
         raise errors.TIMEOUT
 
     async def _read_revision(
@@ -515,7 +516,7 @@ class StateMachineBackend(ABC):
             if req.revision > max(sm.revision, start) and self.shards > 1:
                 await self._reach(shard, req.revision)
             if sm.intents.intents:
-                await self._wait_one_shard_read(shard, KeyRange.of(req.key, req.range_end),
+                await self._wait_one_shard_read(shard, [KeyRange.of(req.key, req.range_end)],
                                                 req.revision, start)
             if sm.revision < req.revision <= start:
                 # At or below the read's start: the fence keeps everything after the
@@ -681,11 +682,14 @@ class StateMachineBackend(ABC):
         if sm.is_read_only_txn(req):
             # As etcd does: a Txn that cannot write is a read, linearizable through
             # ReadIndex, with no log entry.
+            start = self.read_start()
             await self.read_barrier(shard)
             if sm.intents.intents:
                 ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
-                await self.wait_intents(shard, ranges, sm.revision)
+                await self._wait_one_shard_read(shard, ranges, 0, start)
             read: rpc_pb2.TxnResponse = sm.read_txn(req)
+            if start > read.header.revision:
+                read.header.revision = start  # the store's revision, as the Range's
             await self.settle(read.header.revision)
             return read
         if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
@@ -702,14 +706,17 @@ class StateMachineBackend(ABC):
         self, req: rpc_pb2.TxnRequest, shards: list[int]
     ) -> rpc_pb2.TxnResponse:
         """A read-only Txn over several shards, served as a multi-shard range is: barriers,
-        R = the highest revision, every shard floored at R, the intents in the way waited
-        out, then the compares and ranges of every shard at R (no revision of its own, as
+        R = the highest revision or the read's start, every shard floored at R unless the
+        read fences hold it, the intents in the way waited out, then the compares and ranges of every shard at R (no revision of its own, as
         etcd gives a read-only Txn none)."""
+        start = self.read_start()
         await self._each(shards, self.read_barrier)
-        rev = max(self.machines[s].revision for s in shards)
+        rev = max(max(self.machines[s].revision for s in shards), start)
         ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
-        rev = await self._read_revision(shards, ranges, rev, True)
-        shares = [self.machines[s].read_share(req, rev) for s in shards]
+        rev = await self._read_revision(shards, ranges, rev, True, start)
+        # A shard behind ``rev`` is fenced or floored there: its latest is its state at rev.
+        shares = [self.machines[s].read_share(req, min(rev, self.machines[s].revision))
+                  for s in shards]
         path = xtxn.path_of(req, xtxn.combine(req, [c for c, _read in shares]))
         err = xtxn.first_error(req, path, {}, rev + 1,
                                max(self.machines[s].compact_revision for s in shards))
