@@ -16,8 +16,10 @@ so that each etcd method is, on every worker alike:
   a Txn over several shards goes to the worker of its lowest shard (the record shard of
   its multi-shard Txn, ``docs/txn.md``), whose coordinator commits the other workers'
   steps through them (``remote_commit``: ``/accord.worker/Commit``, the answers packed by
-  ``xresults``); a read-only Txn over several workers' shards is refused
-  (FAILED_PRECONDITION naming ``--workers``);
+  ``xresults``); a read-only Txn over several workers' shards is read across them as a
+  range is (``TxnCompares`` at R, the branch taken, ``TxnReads`` of it: ``txn_across``);
+  a linearizable read across workers answers at its clock revision where the shards'
+  read fences hold it, without flooring them (``docs/txn.md``, "The revision of a read");
 * **on worker 0** (the member list, ``Status``, alarms, defragment, auth but its
   ``AuthEnable``): the meta group's calls, forwarded there from the other workers;
 * **local** (reflection, gRPC health): each worker answers for itself (its health: its
@@ -52,7 +54,7 @@ from accord.node.forward import ForwardClient, ForwardedError, Handler
 from accord.node.forwardgrpc import DEFAULT_TIMEOUT_S, forward_unary, owner_handlers
 from accord.node.placement import WorkerPlan
 from accord.proto import rpc_pb2
-from accord.services.kv import errors, fanout, sharding, xcommands, xresults
+from accord.services.kv import errors, fanout, sharding, xcommands, xresults, xtxn
 from accord.services.kv.backend import check_compaction, check_hash_revision
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
@@ -65,6 +67,13 @@ ReadIndex barrier on each when ``barrier``)."""
 RANGE_PARTS = "/accord.worker/RangeParts"
 """Internal: ``[RangeRequest, shards, R, serializable]`` -> each shard's answer at R
 (floored there first unless serializable)."""
+TXN_COMPARES = "/accord.worker/TxnCompares"
+"""Internal: ``[TxnRequest, shards, R, fenced]`` -> ``[[compares of each shard at R],
+highest compaction]``, each shard floored at R first (unless the read's fence ``fenced``
+holds R) and the intents in the way waited out."""
+TXN_READS = "/accord.worker/TxnReads"
+"""Internal: ``[TxnRequest, shards, R, path]`` -> each shard's part at R of the reads of
+the branches ``path`` takes (after ``TxnCompares`` at the same R)."""
 REVISION_STATE = "/accord.worker/RevisionState"
 """Internal: ``[shards]`` -> ``[highest revision, highest compaction]`` of those shards
 (what a Compact or a HashKV is checked against)."""
@@ -143,6 +152,8 @@ class WorkerRouter:
             {m: h for m, h in local.items() if m in ROUTED or m in ON_WORKER_0})
         served[RANGE_TOPS] = self._serve_tops
         served[RANGE_PARTS] = self._serve_parts
+        served[TXN_COMPARES] = self._serve_txn_compares
+        served[TXN_READS] = self._serve_txn_reads
         served[REVISION_STATE] = self._serve_revision_state
         served[COMPACT_PARTS] = self._serve_compact_parts
         served[HASH_PARTS] = self._serve_hash_parts
@@ -200,7 +211,18 @@ class WorkerRouter:
             return self._forwarding(method, h, lambda r: self._owner(
                 sharding.shards_of_range(r.key, r.range_end, self.plan.shards)))
         if name == "Txn":
-            return self._forwarding(method, h, self._txn_owner)
+            owned = self._forwarding(method, h, self._txn_owner).unary_unary
+            read = self._across(h, self.txn_across).unary_unary
+
+            async def txn(request: rpc_pb2.TxnRequest,
+                          context: grpc.aio.ServicerContext) -> rpc_pb2.TxnResponse:
+                if self._read_across(request):
+                    return await read(request, context)  # type: ignore[no-any-return]
+                return await owned(request, context)  # type: ignore[no-any-return]
+
+            return grpc.unary_unary_rpc_method_handler(
+                txn, request_deserializer=h.request_deserializer,
+                response_serializer=h.response_serializer)
         forward = self._forwarding(method, h, self._range_owner).unary_unary
         across = self._across(h, lambda r: self.range_across(r, self._shards_of(r))).unary_unary
 
@@ -228,18 +250,15 @@ class WorkerRouter:
         return self.plan.worker_of_shard(min(shards))
 
     def _txn_owner(self, req: rpc_pb2.TxnRequest) -> int:
-        """:meth:`_owner` of a Txn; a read-only Txn over several workers' shards is
-        refused (it would be read as a range across workers, which is not built)."""
-        shards = sorted(sharding.shards_of_txn(req, self.plan.shards)) or [0]
-        if (len({self.plan.worker_of_shard(s) for s in shards}) > 1
-                and self.backend.sm.is_read_only_txn(req)):
-            raise EtcdError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"etcdserver: a read-only Txn over the shards of several workers "
-                f"({', '.join(map(str, shards))}) is not served by a node of --workers "
-                f"{self.plan.workers} yet (docs/workers.md, \"Status\"); read its keys with "
-                f"a Range, keep them under one prefix /a/b/, or run the node with --workers 1")
-        return self._owner(shards)
+        """:meth:`_owner` of a Txn (a read-only one over several workers' shards is read
+        across them instead: :meth:`txn_across`)."""
+        return self._owner(sorted(sharding.shards_of_txn(req, self.plan.shards)) or [0])
+
+    def _read_across(self, req: rpc_pb2.TxnRequest) -> bool:
+        """Whether ``req`` is a read-only Txn over the shards of several workers."""
+        shards = sharding.shards_of_txn(req, self.plan.shards)
+        return (len({self.plan.worker_of_shard(s) for s in shards}) > 1
+                and self.backend.sm.is_read_only_txn(req))
 
     # -- a multi-shard Txn's steps on other workers ---------------------------
 
@@ -394,10 +413,11 @@ class WorkerRouter:
         b.sm.validate_range(req)
         by_worker = self._by_worker(shards)
         barrier = not req.serializable
+        start = b.read_start() if barrier else 0
         tops = await asyncio.gather(*(self._tops(w, s, barrier) for w, s in by_worker.items()))
-        top = max(tops)
+        top = max(max(tops), start)
         rev = req.revision if req.revision > 0 else top
-        if rev > top:
+        if rev > top and rev > b.latest_revision():
             # A revision of the store (some shard has it) is readable on every shard once
             # floored there, as on one etcd; above every shard's it is a future revision.
             every = self._by_worker(range(self.plan.shards))
@@ -406,7 +426,7 @@ class WorkerRouter:
             if rev > store:
                 raise errors.FUTURE_REV
         answers = await asyncio.gather(
-            *(self._parts(w, req, s, rev) for w, s in by_worker.items()))
+            *(self._parts(w, req, s, rev, start) for w, s in by_worker.items()))
         parts = [p for ps in answers for p in ps]
         if barrier:
             await b.settle(rev)
@@ -420,10 +440,10 @@ class WorkerRouter:
             RANGE_TOPS, body, DEFAULT_TIMEOUT_S)))
 
     async def _parts(self, worker: int, req: rpc_pb2.RangeRequest, shards: list[int],
-                     rev: int) -> list[rpc_pb2.RangeResponse]:
+                     rev: int, fenced: int = 0) -> list[rpc_pb2.RangeResponse]:
         if worker == self.index:
-            return await self.local_parts(req, shards, rev)
-        body = msgpack.packb([req.SerializeToString(), shards, rev])
+            return await self.local_parts(req, shards, rev, fenced)
+        body = msgpack.packb([req.SerializeToString(), shards, rev, fenced])
         raw = msgpack.unpackb(await self.clients[worker].call(RANGE_PARTS, body,
                                                               DEFAULT_TIMEOUT_S))
         return [rpc_pb2.RangeResponse.FromString(p) for p in raw]
@@ -436,30 +456,114 @@ class WorkerRouter:
         return max(int(b.machines[s].revision) for s in shards)
 
     async def local_parts(self, req: rpc_pb2.RangeRequest, shards: Sequence[int],
-                          rev: int) -> list[rpc_pb2.RangeResponse]:
-        """Each of this worker's ``shards`` read at ``rev``: floored there first and the
-        intents in the way waited out (linearizable), or at its own latest when that is
-        lower (serializable)."""
+                          rev: int, fenced: int = 0) -> list[rpc_pb2.RangeResponse]:
+        """Each of this worker's ``shards`` read at ``rev``: floored there first (unless
+        the read's fence holds it: ``rev <= fenced``, its start) and the intents in the
+        way waited out (linearizable), or at its own latest when that is lower
+        (serializable, and a fenced shard behind ``rev``: nothing lands there below it)."""
         b = self.backend
         for s in shards:
             b._check_local(s)
-        if req.serializable:
-            return [b.machines[s].range(fanout.per_shard_request(
-                req, min(rev, int(b.machines[s].revision)))) for s in shards]
-        await b.floor(list(shards), rev)
-        kr = [KeyRange.of(req.key, req.range_end)]
-        await b._each(list(shards), lambda s: b.wait_intents(s, kr, rev))
-        sub = fanout.per_shard_request(req, rev)
-        return [b.machines[s].range(sub) for s in shards]
+        if not req.serializable:
+            await self._settle_at(shards, [KeyRange.of(req.key, req.range_end)], rev, fenced)
+        return [b.machines[s].range(fanout.per_shard_request(
+            req, min(rev, int(b.machines[s].revision)))) for s in shards]
+
+    async def _settle_at(self, shards: Sequence[int], ranges: list[KeyRange], rev: int,
+                         fenced: int) -> None:
+        """Make ``rev`` readable on this worker's ``shards``: floored there unless the
+        read's fence holds it, and the intents over ``ranges`` at or below it waited out."""
+        b = self.backend
+        if rev > fenced:
+            await b.floor(list(shards), rev)
+        await b._each(list(shards), lambda s: b.wait_intents(s, ranges, rev))
+
+    # -- a read-only Txn across workers ----------------------------------------
+
+    async def txn_across(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
+        """A read-only Txn over several workers' shards, read as a multi-shard read-only
+        Txn is in one process (``StateMachineBackend._read_txn_across``): a barrier on
+        every shard (``RangeTops``), R = the highest revision or the read's start, every
+        worker's compares at R (``TxnCompares``), the branch they take, then every
+        worker's reads of it at R (``TxnReads``), merged here."""
+        b = self.backend
+        b.sm.validate_txn(req)
+        shards = sorted(sharding.shards_of_txn(req, self.plan.shards))
+        by_worker = self._by_worker(shards)
+        start = b.read_start()
+        tops = await asyncio.gather(*(self._tops(w, s, True) for w, s in by_worker.items()))
+        rev = max(max(tops), start)
+        raw = req.SerializeToString()
+        answers = await asyncio.gather(*(
+            self._txn_step(w, TXN_COMPARES, [raw, s, rev, start], self.local_txn_compares)
+            for w, s in by_worker.items()))
+        compares = [[[(bool(f), bool(k)) for f, k in row] for row in shard]
+                    for per_worker, _c in answers for shard in per_worker]
+        path = xtxn.path_of(req, xtxn.combine(req, compares))
+        err = xtxn.first_error(req, path, {}, rev + 1, max(int(c) for _p, c in answers))
+        if err is not None:
+            raise err
+        reads = await asyncio.gather(*(
+            self._txn_step(w, TXN_READS, [raw, s, rev, list(path)], self.local_txn_reads)
+            for w, s in by_worker.items()))
+        parts = {s: rpc_pb2.TxnResponse.FromString(p)
+                 for (_w, ss), ps in zip(by_worker.items(), reads, strict=True)
+                 for s, p in zip(ss, ps, strict=True)}
+        await b.settle(rev)
+        return xtxn.merge(req, path, parts, rev, b.sm.limits, b.shard_of)
+
+    async def _txn_step(self, worker: int, method: str, fields: list[Any],
+                        local: Callable[..., Awaitable[Any]]) -> Any:
+        if worker == self.index:
+            return await local(*fields)
+        return msgpack.unpackb(await self.clients[worker].call(
+            method, msgpack.packb(fields), DEFAULT_TIMEOUT_S))
+
+    async def local_txn_compares(self, raw: bytes, shards: Sequence[int], rev: int,
+                                 fenced: int) -> tuple[list[Any], int]:
+        """This worker's ``shards``' compares of the read-only Txn ``raw`` at ``rev``
+        (each shard's, in order: ``xtxn.partial_compares``) and their highest compaction."""
+        b = self.backend
+        req = rpc_pb2.TxnRequest.FromString(raw)
+        for s in shards:
+            b._check_local(s)
+        ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
+        await self._settle_at(shards, ranges, rev, fenced)
+        each = [b.machines[s].read_share(req, min(rev, int(b.machines[s].revision)))[0]
+                for s in shards]
+        return each, max(int(b.machines[s].compact_revision) for s in shards)
+
+    async def local_txn_reads(self, raw: bytes, shards: Sequence[int], rev: int,
+                              path: Sequence[bool]) -> list[bytes]:
+        """This worker's ``shards``' parts of the reads along ``path`` at ``rev``."""
+        b = self.backend
+        req = rpc_pb2.TxnRequest.FromString(raw)
+        out = []
+        for s in shards:
+            b._check_local(s)
+            m = b.machines[s]
+            out.append(m.read_share(req, min(rev, int(m.revision)))[1](
+                [bool(x) for x in path]).SerializeToString())
+        return out
+
+    async def _serve_txn_compares(self, body: bytes) -> bytes:
+        raw, shards, rev, fenced = _decode(body, 4)
+        rows, compact = await _etcd(self.local_txn_compares(raw, shards, int(rev), int(fenced)))
+        return bytes(msgpack.packb([rows, compact]))
+
+    async def _serve_txn_reads(self, body: bytes) -> bytes:
+        raw, shards, rev, path = _decode(body, 4)
+        return bytes(msgpack.packb(await _etcd(self.local_txn_reads(raw, shards, int(rev),
+                                                                    path))))
 
     async def _serve_tops(self, body: bytes) -> bytes:
         shards, barrier = _decode(body, 2)
         return bytes(msgpack.packb(await _etcd(self.local_tops(shards, bool(barrier)))))
 
     async def _serve_parts(self, body: bytes) -> bytes:
-        raw, shards, rev = _decode(body, 3)
+        raw, shards, rev, fenced = _decode(body, 4)
         req = rpc_pb2.RangeRequest.FromString(raw)
-        parts = await _etcd(self.local_parts(req, shards, int(rev)))
+        parts = await _etcd(self.local_parts(req, shards, int(rev), int(fenced)))
         return bytes(msgpack.packb([p.SerializeToString() for p in parts]))
 
 

@@ -5,6 +5,7 @@ forwarding sockets."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,9 +63,18 @@ class LocalOnly(WorkerRouter):
     worker's are empty stand-ins here) instead of asking their owner."""
 
     async def _parts(self, worker: int, req: pb.RangeRequest, shards: list[int],
-                     rev: int) -> list[pb.RangeResponse]:
+                     rev: int, fenced: int = 0) -> list[pb.RangeResponse]:
         return [self.backend.machines[s].range(fanout.per_shard_request(
             req, min(rev, int(self.backend.machines[s].revision)))) for s in shards]
+
+    async def _txn_step(self, worker: int, method: str, fields: list[Any],
+                        local: Any) -> Any:
+        raw, shards, rev, last = fields
+        req = pb.TxnRequest.FromString(raw)
+        shares = [self.backend.machines[s].read_share(req, rev) for s in shards]
+        if method.endswith("TxnCompares"):
+            return [c for c, _read in shares], 0
+        return [read(last).SerializeToString() for _c, read in shares]
 
 
 @dataclass
@@ -147,13 +157,15 @@ async def test_a_range_over_both_workers_reads_every_shard_from_its_owner(
             return
         assert got == sorted(revs)
         rev = int(resp.header.revision)
-        assert rev == max(revs.values())
-        # Every shard passed a barrier on its owner, and is floored at the answer's
-        # revision (no write lands at or below it afterwards).
+        assert rev >= max(revs.values())  # the read's revision: its clock, above every write
+        # Every shard passed a barrier on its owner; none is floored (the read's fences
+        # hold its revision: no write lands at or below it afterwards).
         for k, w in enumerate(ws):
             assert set(w.host.barriers) == set(PLAN.shards_of(k))
             for s in PLAN.shards_of(k):
-                assert w.backend.machines[s].revision >= rev
+                assert w.backend.machines[s].revision < rev
+        later = await ws[0].backend.put(pb.PutRequest(key=keys_of(0, 1)[0], value=b"later"))
+        assert later.header.revision > rev
         counted = await ws[1].router.range_across(
             pb.RangeRequest(key=b"k", range_end=b"l", count_only=True), list(range(SHARDS)))
         assert counted.count == len(revs) and not counted.kvs
@@ -176,7 +188,8 @@ async def test_a_range_at_a_revision_sees_the_store_as_it_was(workers: list[Work
         assert [kv.key for kv in one.kvs] == [first]
     with pytest.raises(EtcdError) as e:
         await workers[0].router.range_across(
-            pb.RangeRequest(key=b"k", range_end=b"l", revision=max(revs.values()) + 1000),
+            pb.RangeRequest(key=b"k", range_end=b"l",  # an hour ahead of the clock
+                            revision=(time.time_ns() // 1000 + 3_600_000_000) * SHARDS),
             list(range(SHARDS)))
     assert e.value.code == grpc.StatusCode.OUT_OF_RANGE
 
@@ -270,3 +283,46 @@ async def test_a_remote_step_is_refused_unless_it_is_a_txn_step_on_the_owner(
         assert getattr(e.value, "code", None) in (grpc.StatusCode.INVALID_ARGUMENT,
                                                   grpc.StatusCode.FAILED_PRECONDITION)
     assert workers[1].backend.machines[theirs].revision == before
+
+
+@pytest.mark.parametrize("broken", [False, True])
+async def test_a_read_only_txn_over_both_workers_reads_each_owner_at_one_revision(
+        tmp_path: Path, broken: bool) -> None:
+    """A read-only Txn over both workers' shards (``txn_across``): the compares of each
+    owner's keys at one revision decide the branch, and each owner reads its keys there,
+    as one etcd answers. The broken variant (worker 0 reads every shard from its own
+    machines, the other worker's empty stand-ins) misses worker 1's key."""
+    workers = await two_workers(tmp_path, broken)
+    try:
+        await _read_only_txn_across(workers, broken)
+    finally:
+        await stop(workers)
+
+
+async def _read_only_txn_across(workers: list[Worker], broken: bool) -> None:
+    home, keys = record_worker_and_keys()
+    first = await workers[home].backend.txn(cas_both(keys, [0, 0], [b"a", b"b"]))
+    await settled(workers)
+
+    def read_both(revs: list[int]) -> pb.TxnRequest:
+        return pb.TxnRequest(
+            compare=[pb.Compare(key=k, target=pb.Compare.MOD, result=pb.Compare.EQUAL,
+                                mod_revision=r) for k, r in zip(keys, revs, strict=True)],
+            success=[pb.RequestOp(request_range=pb.RangeRequest(key=k)) for k in keys],
+            failure=[pb.RequestOp(request_range=pb.RangeRequest(key=keys[1]))])
+
+    at = first.header.revision
+    if broken:
+        wrong = await workers[0].router.txn_across(read_both([at, at]))
+        assert not wrong.succeeded, "the broken variant should miss worker 1's key"
+        return
+    for w in workers:
+        assert w.router._read_across(read_both([at, at]))
+        both = await w.router.txn_across(read_both([at, at]))
+        assert both.succeeded and both.header.revision >= at
+        assert [r.response_range.kvs[0].value for r in both.responses] == [b"a", b"b"]
+        one = await w.router.txn_across(read_both([at, at - 1]))  # fails on one worker's key
+        assert not one.succeeded
+        assert [kv.value for r in one.responses for kv in r.response_range.kvs] == [b"b"]
+    later = await workers[1 - home].backend.put(pb.PutRequest(key=keys[1], value=b"c"))
+    assert later.header.revision > both.header.revision
