@@ -22,7 +22,8 @@ Workloads (``Spec.workload``):
   shards), ``Txn(both mod_revisions == last) then Put both``;
 * ``mixed``: 90% linearizable get, 10% put;
 * ``scan``: a linearizable Range over 16 keys of 16 partitions (on a sharded accord: a
-  read of every shard, merged at one revision);
+  read of every shard, merged at one revision); ``wscan``: the same with one op in ten
+  a Put of one of those keys;
 * ``lock``: acquire (``Txn(create_revision == 0) then Put with lease``) and release
   (``DeleteRange``), etcd's lock recipe without waiters; one op is the pair;
 * ``revoke``: a session's life, ``LeaseGrant``, a ``Put`` of the client's key with that
@@ -60,9 +61,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WORKLOADS = ("put", "sput", "get", "sget", "txn", "stxn", "txn2", "mixed", "scan", "lock",
-             "revoke",
-             "watch",
+WORKLOADS = ("put", "sput", "get", "sget", "txn", "stxn", "txn2", "mixed", "scan", "wscan",
+             "lock", "revoke", "watch",
              "lease", "load")
 RPC_TIMEOUT = 10.0
 READ_KEYS = 1000

@@ -265,7 +265,11 @@ class Worker:
             ops.append(op)
         return lambda s, e: closed_loop(ops, s, e)
 
-    async def _w_scan(self, spec: Spec) -> Runner:
+    async def _w_wscan(self, spec: Spec) -> Runner:
+        """``scan``, with one op in ten a Put of one of the scanned keys instead."""
+        return await self._w_scan(spec, writes=0.1)
+
+    async def _w_scan(self, spec: Spec, writes: float = 0.0) -> Runner:
         """A linearizable Range over one key in each of ``SCAN_KEYS`` partitions."""
         value = random_value(spec.value_size)
         first = self.kv(spec.endpoints[0])
@@ -278,6 +282,10 @@ class Worker:
             kv = self.kv(ep)
 
             async def op(kv: Any = kv) -> None:
+                if writes and random.random() < writes:
+                    key = b"/bench-scan-%02d/k" % random.randrange(SCAN_KEYS)
+                    await kv.Put(rpc_pb2.PutRequest(key=key, value=value), timeout=RPC_TIMEOUT)
+                    return
                 r = await kv.Range(rpc_pb2.RangeRequest(key=b"/bench-scan-",
                                                         range_end=b"/bench-scan."),
                                    timeout=RPC_TIMEOUT)

@@ -416,7 +416,7 @@ class WorkerRouter:
         start = b.read_start() if barrier else 0
         tops = await asyncio.gather(*(self._tops(w, s, barrier) for w, s in by_worker.items()))
         top = max(max(tops), start)
-        rev = req.revision if req.revision > 0 else top
+        rev = req.revision if req.revision > 0 else (start or top)
         if rev > top and rev > b.latest_revision():
             # A revision of the store (some shard has it) is readable on every shard once
             # floored there, as on one etcd; above every shard's it is a future revision.
@@ -492,7 +492,7 @@ class WorkerRouter:
         by_worker = self._by_worker(shards)
         start = b.read_start()
         tops = await asyncio.gather(*(self._tops(w, s, True) for w, s in by_worker.items()))
-        rev = max(max(tops), start)
+        rev = start or max(tops)
         raw = req.SerializeToString()
         answers = await asyncio.gather(*(
             self._txn_step(w, TXN_COMPARES, [raw, s, rev, start], self.local_txn_compares)

@@ -546,12 +546,14 @@ class StateMachineBackend(ABC):
         start = self.read_start()
         await self._each(shards, self.read_barrier)
         top = max(self.machines[s].revision for s in shards)
-        rev = req.revision if req.revision > 0 else max(top, start)
+        rev = req.revision if req.revision > 0 else (start or top)
         if rev > top and rev > start and rev > self.latest_revision():
             raise errors.FUTURE_REV
         kr = [KeyRange.of(req.key, req.range_end)]
         rev = await self._read_revision(shards, kr, rev, req.revision <= 0, start)
-        # A shard behind ``rev`` is fenced or floored there: its latest is its state at rev.
+        # A shard behind ``rev`` is fenced or floored there: its latest is its state at
+        # rev; a shard ahead of it is read at rev (writes above the read's start are
+        # concurrent with it, and a fence or a floor can stand above the start).
         parts = [self.machines[s].range(
             fanout.per_shard_request(req, min(rev, self.machines[s].revision)))
             for s in shards]
@@ -711,7 +713,7 @@ class StateMachineBackend(ABC):
         etcd gives a read-only Txn none)."""
         start = self.read_start()
         await self._each(shards, self.read_barrier)
-        rev = max(max(self.machines[s].revision for s in shards), start)
+        rev = start or max(self.machines[s].revision for s in shards)
         ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
         rev = await self._read_revision(shards, ranges, rev, True, start)
         # A shard behind ``rev`` is fenced or floored there: its latest is its state at rev.
