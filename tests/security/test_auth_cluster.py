@@ -30,9 +30,19 @@ def md(token: str) -> list[tuple[str, str]]:
 
 
 def login(node: ProcNode, user: str, password: str | None = None) -> str:
-    resp = auth(node).Authenticate(rpc_pb2.AuthenticateRequest(
-        name=user, password=password or PASSWORDS[user]), timeout=T)
-    return str(resp.token)
+    """Authenticate as etcd's clients do: again on UNAVAILABLE (a simple token is
+    proposed through the meta group, which may be between leaders after a restart in an
+    earlier test), never on a refusal."""
+    for attempt in range(5):
+        try:
+            resp = auth(node).Authenticate(rpc_pb2.AuthenticateRequest(
+                name=user, password=password or PASSWORDS[user]), timeout=T)
+            return str(resp.token)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or attempt == 4:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 def error(call: object, *args: object, **kw: object) -> tuple[grpc.StatusCode, str]:
