@@ -35,6 +35,7 @@ from accord.services.kv.backend import (
     StatusInfo,
     now_ms,
 )
+from accord.services.kv.codec import spreads_to_every_shard
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.revorder import ORDER_GATE, READ_FENCE_GATE
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
@@ -112,8 +113,15 @@ class ReplicatedBackend(StateMachineBackend):
         :meth:`commit` and :meth:`read_barrier` refuse them (never an empty answer)."""
         self.worker = worker
         self.remote: Callable[[bytes, int], Awaitable[Any]] | None = None
-        """In a worker: how a multi-shard Txn's command (format 3) for another worker's
-        shard is committed there (``WorkerRouter.remote_commit``); None: refused."""
+        """In a worker: how a multi-shard Txn's command (format 3), or a lease's grant or
+        revoke, for another worker's shard is committed there
+        (``WorkerRouter.remote_commit``); None: refused."""
+        self.remote_keepalive: Callable[[int], Awaitable[int]] | None = None
+        """In a worker without shard 0 (the leases' home): how a keepalive is committed
+        by the worker that has it (``WorkerRouter.keepalive_on_home``)."""
+        self.remote_lease_keys: Callable[[Sequence[int], int], Awaitable[list[bytes]]] | None = None
+        """In a worker: how another worker's shards list a lease's keys
+        (``WorkerRouter.lease_keys_across``)."""
         self._home = KV_GROUP if self.local is None else kv_group(min(self.local))
         """The group whose Raft facts fill headers and Status: shard 0's, or a worker's
         first shard's where shard 0 is another worker's."""
@@ -168,7 +176,8 @@ class ReplicatedBackend(StateMachineBackend):
         multi-shard Txn's command for another worker's shard: committed by that worker,
         through :attr:`remote`)."""
         if self.local is not None and shard not in self.local:
-            if self.remote is not None and xcommands.is_cross_shard(command):
+            if self.remote is not None and (xcommands.is_cross_shard(command)
+                                            or spreads_to_every_shard(command)):
                 return await self.remote(command, shard)
             self._check_local(shard)
         try:
@@ -184,6 +193,24 @@ class ReplicatedBackend(StateMachineBackend):
             await self.node.host.read_barrier(self.groups[shard])
         except GroupUnavailable as e:
             raise unavailable(e) from None
+
+    async def lease_keepalive(self, lease_id: int) -> int:
+        """A renewal, committed on shard 0 (by its worker, in a worker without it)."""
+        if self.local is not None and 0 not in self.local and self.remote_keepalive is not None:
+            return await self.remote_keepalive(lease_id)
+        return await super().lease_keepalive(lease_id)
+
+    async def lease_keys_on(self, shards: Sequence[int], lease_id: int) -> list[bytes]:
+        """The keys of ``lease_id`` on ``shards``: this worker's read here, the others'
+        asked of their workers."""
+        if self.local is None or self.remote_lease_keys is None:
+            return await super().lease_keys_on(shards, lease_id)
+        mine = [s for s in shards if s in self.local]
+        theirs = [s for s in shards if s not in self.local]
+        keys = await super().lease_keys_on(mine, lease_id) if mine else []
+        if theirs:
+            keys.extend(await self.remote_lease_keys(theirs, lease_id))
+        return keys
 
     def leads(self, shard: int) -> bool:
         """Whether this member leads ``shard``'s Raft group now (never one of another

@@ -21,7 +21,11 @@ so that each etcd method is, on every worker alike:
   a linearizable read across workers answers at its clock revision where the shards'
   read fences hold it, without flooring them (``docs/txn.md``, "The revision of a read");
 * **on worker 0** (the member list, ``Status``, alarms, defragment, auth but its
-  ``AuthEnable``): the meta group's calls, forwarded there from the other workers;
+  ``AuthEnable``; the unary Lease calls): the meta group's calls and the leases' home
+  (shard 0), forwarded there from the other workers; a lease's grant and revoke reach
+  the other workers' shards as a Txn's steps do (``/accord.worker/Commit``), a
+  keepalive stream is served on any worker, each renewal committed by worker 0
+  (``KeepAlive``), and a TimeToLive's keys are asked of every worker (``LeaseKeys``);
 * **local** (reflection, gRPC health): each worker answers for itself (its health: its
   groups have leaders and the health key reads through its owner; its answers carry the
   node's clock for the peers' clock guards);
@@ -56,6 +60,7 @@ from accord.node.placement import WorkerPlan
 from accord.proto import rpc_pb2
 from accord.services.kv import errors, fanout, sharding, xcommands, xresults, xtxn
 from accord.services.kv.backend import check_compaction, check_hash_revision
+from accord.services.kv.codec import spreads_to_every_shard
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.servicer import fill_header
@@ -86,10 +91,19 @@ HASH_PARTS = "/accord.worker/HashParts"
 HASH_KV = "/etcdserverpb.Maintenance/HashKV"
 COMMIT_ON = "/accord.worker/Commit"
 """Internal: ``[shard, command]`` -> what applying the format-3 ``command`` (a
-multi-shard Txn's step) on that shard of the owner answered (``xresults``)."""
+multi-shard Txn's step) or a lease's grant or revoke on that shard of the owner
+answered (``xresults``)."""
+KEEPALIVE = "/accord.worker/KeepAlive"
+"""Internal, to shard 0's worker: ``lease id`` -> the TTL a renewal granted (0: unknown)."""
+LEASE_KEYS = "/accord.worker/LeaseKeys"
+"""Internal: ``[lease id, shards]`` -> the lease's keys on those shards (after a barrier)."""
+LEASE = "/etcdserverpb.Lease/"
+SERVED_HERE = {f"{LEASE}LeaseKeepAlive"}
+"""Served by this worker's own handler, whose backend commits on shard 0's worker."""
 
 ROUTED = {f"{KV}Range", f"{KV}Put", f"{KV}DeleteRange", f"{KV}Txn"}
 ON_WORKER_0 = {
+    *(f"{LEASE}{m}" for m in ("LeaseGrant", "LeaseRevoke", "LeaseTimeToLive", "LeaseLeases")),
     "/etcdserverpb.Cluster/MemberList",
     "/etcdserverpb.Maintenance/Status",
     "/etcdserverpb.Maintenance/Alarm",
@@ -158,10 +172,14 @@ class WorkerRouter:
         served[COMPACT_PARTS] = self._serve_compact_parts
         served[HASH_PARTS] = self._serve_hash_parts
         served[COMMIT_ON] = self._serve_commit
+        served[KEEPALIVE] = self._serve_keepalive
+        served[LEASE_KEYS] = self._serve_lease_keys
         self.backend.remote = self.remote_commit
+        self.backend.remote_keepalive = self.keepalive_on_home
+        self.backend.remote_lease_keys = self.lease_keys_across
         n = self.plan.workers
         for method, h in local.items():
-            if method.startswith(LOCAL_PREFIXES):
+            if method.startswith(LOCAL_PREFIXES) or method in SERVED_HERE:
                 continue
             if method == COMPACT:
                 handlers[method] = self._across(h, self.compact_across)
@@ -279,10 +297,53 @@ class WorkerRouter:
 
     async def _serve_commit(self, body: bytes) -> bytes:
         shard, command = _decode(body, 2)
-        if not isinstance(command, bytes) or not xcommands.is_cross_shard(command):
+        if not isinstance(command, bytes) or not (xcommands.is_cross_shard(command)
+                                                  or spreads_to_every_shard(command)):
             raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 "an internal commit carries only a multi-shard Txn's step")
+                                 "an internal commit carries only a multi-shard Txn's step "
+                                 "or a lease's grant or revoke")
         return xresults.pack(await _etcd(self.local_commit(command, int(shard))))
+
+    # -- leases: their home is shard 0's worker --------------------------------
+
+    async def keepalive_on_home(self, lease_id: int) -> int:
+        """A keepalive committed by the worker of shard 0 (the leases' home)."""
+        home = self.plan.worker_of_shard(0)
+        try:
+            raw = await self.clients[home].call(KEEPALIVE, msgpack.packb(lease_id),
+                                                DEFAULT_TIMEOUT_S)
+        except ForwardedError as e:
+            raise EtcdError(e.code, e.message) from None
+        return int(msgpack.unpackb(raw))
+
+    async def _serve_keepalive(self, body: bytes) -> bytes:
+        try:
+            lease_id = int(msgpack.unpackb(body))
+        except (ValueError, TypeError, msgpack.UnpackException):
+            raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 "an internal keepalive carries a lease id") from None
+        self.backend._check_local(0)
+        return bytes(msgpack.packb(await _etcd(self.backend.lease_keepalive(lease_id))))
+
+    async def lease_keys_across(self, shards: Sequence[int], lease_id: int) -> list[bytes]:
+        """A lease's keys on other workers' ``shards``, each asked of its worker."""
+        async def ask(worker: int, mine: list[int]) -> list[bytes]:
+            try:
+                raw = await self.clients[worker].call(
+                    LEASE_KEYS, msgpack.packb([lease_id, mine]), DEFAULT_TIMEOUT_S)
+            except ForwardedError as e:
+                raise EtcdError(e.code, e.message) from None
+            return [bytes(k) for k in msgpack.unpackb(raw)]
+
+        parts = await asyncio.gather(*(ask(w, s) for w, s in self._by_worker(shards).items()))
+        return [k for part in parts for k in part]
+
+    async def _serve_lease_keys(self, body: bytes) -> bytes:
+        lease_id, shards = _decode(body, 2)
+        for s in shards:
+            self.backend._check_local(int(s))
+        keys = await _etcd(self.backend.lease_keys_on([int(s) for s in shards], int(lease_id)))
+        return bytes(msgpack.packb(keys))
 
     async def local_commit(self, command: bytes, shard: int) -> Any:
         """A step of another worker's multi-shard Txn on this worker's ``shard``."""

@@ -193,8 +193,6 @@ def test_what_the_workers_cannot_do_is_refused_naming_the_flag(cluster: ProcClus
             assert both.header.revision >= max(  # type: ignore[attr-defined]
                 p.header.revision for p in puts)  # type: ignore[attr-defined]
             unimplemented = {
-                "lease": _refused(rpc_pb2_grpc.LeaseStub(ch).LeaseGrant,
-                                  pb.LeaseGrantRequest(TTL=10)),
                 "member add": _refused(rpc_pb2_grpc.ClusterStub(ch).MemberAdd,
                                        pb.MemberAddRequest(peerURLs=["http://127.0.0.1:1"])),
                 "hash": _refused(rpc_pb2_grpc.MaintenanceStub(ch).Hash, pb.HashRequest()),
@@ -223,6 +221,37 @@ def test_what_the_workers_cannot_do_is_refused_naming_the_flag(cluster: ProcClus
     for k in (a, b):
         got = retry(kv0.Range, pb.RangeRequest(key=k))
         assert [x.value for x in got.kvs] == [b"keep"]  # type: ignore[attr-defined]
+
+
+def test_a_lease_spans_both_workers_shards_from_either_worker(cluster: ProcCluster) -> None:
+    """Leases on a node of two workers: granted, kept alive, listed and revoked through
+    either worker (shard 0's worker is their home; the grant and the revoke reach every
+    worker's shards), its keys on both workers' shards going at one revision."""
+    a, b = keys_of_worker(0, "/lease/", 1)[0], keys_of_worker(1, "/lease/", 1)[0]
+    for node in cluster.nodes:
+        for _ in range(2):  # on fresh connections: either worker
+            node.close_channel()
+            lease = rpc_pb2_grpc.LeaseStub(node.channel())
+            kv = node.kv()
+            lid = retry(lease.LeaseGrant, pb.LeaseGrantRequest(TTL=30)).ID  # type: ignore[attr-defined]
+            for k in (a, b):
+                retry(kv.Put, pb.PutRequest(key=k, value=b"leased", lease=lid))
+            alive = list(lease.LeaseKeepAlive(iter([pb.LeaseKeepAliveRequest(ID=lid)] * 3),
+                                              timeout=10))
+            assert [r.TTL for r in alive] == [30, 30, 30] and alive[0].ID == lid
+            ttl = retry(lease.LeaseTimeToLive, pb.LeaseTimeToLiveRequest(ID=lid, keys=True))
+            assert sorted(ttl.keys) == sorted([a, b]) and 0 < ttl.TTL <= 30  # type: ignore[attr-defined]
+            assert lid in [x.ID for x in retry(lease.LeaseLeases,  # type: ignore[attr-defined]
+                                               pb.LeaseLeasesRequest()).leases]
+            retry(lease.LeaseRevoke, pb.LeaseRevokeRequest(ID=lid))
+            for k in (a, b):
+                assert retry(kv.Range, pb.RangeRequest(key=k)).count == 0  # type: ignore[attr-defined]
+            gone = list(lease.LeaseKeepAlive(iter([pb.LeaseKeepAliveRequest(ID=lid)]),
+                                             timeout=10))
+            assert [r.TTL for r in gone] == [0]
+            with pytest.raises(grpc.RpcError) as e:
+                kv.Put(pb.PutRequest(key=b, value=b"late", lease=lid), timeout=5)
+            assert "requested lease not found" in (e.value.details() or "")
 
 
 def _http(node: ProcNode, path: str) -> tuple[int, str]:

@@ -863,14 +863,16 @@ class StateMachineBackend(ABC):
         await self.read_barrier()
         resp = self.sm.lease_time_to_live(req, self.lease_clock()[0])
         if req.keys and self.shards > 1 and resp.TTL != -1:
-            others = list(range(1, self.shards))
-            await self._each(others, self.read_barrier)
             keys = list(resp.keys)
-            for s in others:
-                keys.extend(self.machines[s].lease_keys(req.ID))
+            keys.extend(await self.lease_keys_on(list(range(1, self.shards)), req.ID))
             del resp.keys[:]
             resp.keys.extend(sorted(keys))
         return resp
+
+    async def lease_keys_on(self, shards: Sequence[int], lease_id: int) -> list[bytes]:
+        """The keys attached to ``lease_id`` on ``shards`` (after a barrier on each)."""
+        await self._each(list(shards), self.read_barrier)
+        return [k for s in shards for k in self.machines[s].lease_keys(lease_id)]
 
     async def lease_leases(self) -> rpc_pb2.LeaseLeasesResponse:
         """Linearizable list of leases."""

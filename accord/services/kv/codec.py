@@ -87,3 +87,12 @@ def decode(data: bytes) -> Command:
     ):
         raise errors.bad_request("malformed KV command: numeric field is not an integer")
     return Command(k, payload, min_revision, now_ms, term, ids)
+
+
+def spreads_to_every_shard(data: bytes) -> bool:
+    """Whether ``data`` is a lease grant or revoke: the lease commands applied on every
+    shard (a node of several workers commits them on the other workers' shards)."""
+    try:
+        return decode(data).kind in (Kind.LEASE_GRANT, Kind.LEASE_REVOKE)
+    except errors.EtcdError:
+        return False

@@ -1,4 +1,5 @@
-"""What applying a format-3 command answers, as bytes: for a coordinator in another process.
+"""What applying a format-3 command (or a lease's grant or revoke on another shard)
+answers, as bytes: for a coordinator in another process.
 
 In a node of several workers (``docs/workers.md``) the coordinator of a multi-shard Txn
 runs in one worker and some participants' shards in others; it hands each of their
@@ -21,8 +22,11 @@ from accord.proto import rpc_pb2
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.xcommands import Committed, Decision, Prepared
 
-_NONE, _PREPARED, _COMMITTED, _DECISION = 0, 1, 2, 3
+_NONE, _PREPARED, _COMMITTED, _DECISION, _LEASE_GRANT, _LEASE_REVOKE = 0, 1, 2, 3, 4, 5
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+Answer = (Prepared | Committed | Decision | rpc_pb2.LeaseGrantResponse
+          | rpc_pb2.LeaseRevokeResponse | None)
+"""What a command committed on another worker's shard answers."""
 
 
 def _error(e: EtcdError | None) -> list[Any] | None:
@@ -47,8 +51,9 @@ def _undecision(v: Any) -> Decision | None:
     return Decision(int(state), tuple(bool(p) for p in path), int(rev))
 
 
-def pack(answer: Prepared | Committed | Decision | None) -> bytes:
-    """``answer`` as bytes (``ValueError`` for anything a format-3 command never answers)."""
+def pack(answer: Answer) -> bytes:
+    """``answer`` as bytes (``ValueError`` for anything a format-3 command, or a lease's
+    grant or revoke spread to another worker's shard, never answers)."""
     body: list[Any]
     if answer is None:
         body = [_NONE]
@@ -62,13 +67,17 @@ def pack(answer: Prepared | Committed | Decision | None) -> bytes:
         body = [_COMMITTED, response, _decision(answer.decision), _error(answer.error)]
     elif isinstance(answer, Decision):
         body = [_DECISION, answer.state, list(answer.path), answer.rev]
+    elif isinstance(answer, rpc_pb2.LeaseGrantResponse):
+        body = [_LEASE_GRANT, answer.SerializeToString()]
+    elif isinstance(answer, rpc_pb2.LeaseRevokeResponse):
+        body = [_LEASE_REVOKE, answer.SerializeToString()]
     else:
         raise ValueError(f"not an answer of a cross-shard command: {type(answer).__name__}")
     packed: bytes = msgpack.packb(body, use_bin_type=True)
     return packed
 
 
-def unpack(data: bytes) -> Prepared | Committed | Decision | None:
+def unpack(data: bytes) -> Answer:
     """The answer :func:`pack` packed; malformed bytes raise ``EtcdError`` (INTERNAL)."""
     try:
         body = msgpack.unpackb(data, raw=False)
@@ -88,6 +97,10 @@ def unpack(data: bytes) -> Prepared | Committed | Decision | None:
                              _undecision(decision), _unerror(error))
         if kind == _DECISION:
             return _undecision(body[1:])
+        if kind == _LEASE_GRANT:
+            return rpc_pb2.LeaseGrantResponse.FromString(body[1])
+        if kind == _LEASE_REVOKE:
+            return rpc_pb2.LeaseRevokeResponse.FromString(body[1])
         raise ValueError(f"unknown answer kind {kind!r}")
     except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException) as e:
         raise EtcdError(grpc.StatusCode.INTERNAL,
