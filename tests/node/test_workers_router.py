@@ -326,3 +326,26 @@ async def _read_only_txn_across(workers: list[Worker], broken: bool) -> None:
         assert [kv.value for r in one.responses for kv in r.response_range.kvs] == [b"b"]
     later = await workers[1 - home].backend.put(pb.PutRequest(key=keys[1], value=b"c"))
     assert later.header.revision > both.header.revision
+
+
+@pytest.mark.parametrize("broken", [False, True])
+async def test_a_lease_granted_on_worker_0_is_known_on_every_workers_shards(
+        workers: list[Worker], broken: bool) -> None:
+    """The grant reaches the other worker's shards through it (``remote_commit``), so a
+    Put with the lease there applies; a keepalive and a TimeToLive from the other worker
+    go to worker 0. The broken variant applies the grant to worker 0's empty copy of the
+    other worker's shards: the Put there fails with lease-not-found."""
+    home = workers[PLAN.worker_of_shard(0)]
+    other = workers[1 - PLAN.worker_of_shard(0)]
+    home.router.broken_local_commits = broken
+    lid = (await home.backend.lease_grant(pb.LeaseGrantRequest(TTL=60))).ID
+    theirs = keys_of(other.router.index, 1)[0]
+    if broken:
+        with pytest.raises(EtcdError) as e:
+            await other.backend.put(pb.PutRequest(key=theirs, value=b"v", lease=lid))
+        assert "requested lease not found" in e.value.message
+        return
+    await other.backend.put(pb.PutRequest(key=theirs, value=b"v", lease=lid))
+    assert await other.backend.lease_keepalive(lid) == 60
+    ttl = await home.backend.lease_time_to_live(pb.LeaseTimeToLiveRequest(ID=lid, keys=True))
+    assert list(ttl.keys) == [theirs]
