@@ -274,6 +274,11 @@ class StateMachineBackend(ABC):
         """A deliberately broken variant for tests: a lease revoke across shards decided
         on shard 0 and then deleted on each other shard at its own revision (``xlease``).
         Never set outside tests."""
+        self.broken_read_waits_once = False
+        """A deliberately broken variant for tests (the behaviour before 7d332df): a
+        one-shard read waits for the intents in its way once, and then answers at the
+        shard's revision even if an intent prepared meanwhile raised it to its
+        reservation. Never set outside tests."""
         self.broken_lease_plain_path = False
         """A deliberately broken variant for tests (the behaviour before every revoke took
         ``xlease``): a lease whose keys lie on one shard or none, seen after a barrier on
@@ -338,6 +343,8 @@ class StateMachineBackend(ABC):
                        for i in sm.intents.intents.values()):
                 return
             await self.wait_intents(shard, ranges, below)
+            if self.broken_read_waits_once:
+                return
         raise errors.TIMEOUT
 
     async def _read_revision(
