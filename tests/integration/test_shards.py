@@ -107,7 +107,8 @@ def test_a_read_of_one_shard_answers_above_writes_acknowledged_on_others(
     cluster: ProcCluster,
 ) -> None:
     """As on one etcd, a read's header.revision is the store's: above every write
-    acknowledged before it, on any shard, through any member; a Range at that revision
+    acknowledged before it, on any shard, through any member (and a write that writes
+    nothing answers there too); a Range at that revision
     answers the same later, after the shard was written again; and a Compact there is
     no future revision (``docs/txn.md``, "The revision of a read")."""
     keys = _keys_on_every_shard("fence")
@@ -122,6 +123,14 @@ def test_a_read_of_one_shard_answers_above_writes_acknowledged_on_others(
         acked, at = put.header.revision, got.header.revision  # type: ignore[attr-defined]
         assert at >= acked, (i, at, acked)
         (kv,) = got.kvs  # type: ignore[attr-defined]
+        # Writes that write nothing answer at the store's revision too.
+        lost = _retry(stubs[(i + 2) % 3].Txn, pb.TxnRequest(
+            compare=[pb.Compare(key=read, target=pb.Compare.VALUE,
+                                result=pb.Compare.EQUAL, value=b"no such value")],
+            success=[pb.RequestOp(request_put=pb.PutRequest(key=read, value=b"x"))]))
+        assert not lost.succeeded and lost.header.revision >= acked  # type: ignore[attr-defined]
+        none = _retry(stubs[(i + 1) % 3].DeleteRange, pb.DeleteRangeRequest(key=read + b"-absent"))
+        assert none.deleted == 0 and none.header.revision >= acked  # type: ignore[attr-defined]
         _retry(stubs[2].Put, pb.PutRequest(key=read, value=b"later"))
         again = _retry(stubs[i % 3].Range, pb.RangeRequest(key=read, revision=at))
         assert [(x.value, x.mod_revision) for x in again.kvs] == [  # type: ignore[attr-defined]

@@ -158,7 +158,8 @@ def key_on(shard: int, i: int = 0) -> bytes:
 async def _workload(ordered: bool, seed: int, leaders: Leaders | None = None,
                     waits_once: bool = False) -> tuple[list[tuple[int, int, int]], list[str]]:
     """16 writers through 3 members on 8 shards: single-shard puts, deletes, multi-shard
-    Txns, reads (Ranges and read-only Txns) of one key, two or all; returns ``(start, ack, revision)`` of every
+    Txns, reads (Ranges and read-only Txns) of one key, two or all, and writes that
+    write nothing (a Txn whose compare fails, a DeleteRange of a missing key); returns ``(start, ack, revision)`` of every
     acknowledged write (start/ack: a logical time, one counter for the whole run) and the
     problems found in the reads: a read that started after a write was acknowledged
     answering at a lower revision (with ``leaders``: fenced reads; without, a read
@@ -202,7 +203,24 @@ async def _workload(ordered: bool, seed: int, leaders: Leaders | None = None,
                 now += 1
                 read_start = now
                 reader = rnd.choice(members)
-                if rnd.random() < 0.3:  # a read-only Txn of one or two shards' keys
+                roll = rnd.random()
+                if roll < 0.2:  # a write that writes nothing: a Txn whose compare fails
+                    k = rnd.choice(keys)
+                    t = await reader.txn(pb.TxnRequest(
+                        compare=[pb.Compare(key=k, target=pb.Compare.VERSION,
+                                            result=pb.Compare.LESS, version=0)],
+                        success=[op_put(k, b"never")],
+                        failure=[pb.RequestOp(request_range=pb.RangeRequest(key=k))]))
+                    assert not t.succeeded
+                    rev = int(t.header.revision)
+                    reads.append((rev, k, None, [(kv.key, kv.value, kv.mod_revision)
+                                                 for kv in t.responses[0].response_range.kvs]))
+                elif roll < 0.3:  # ... or a DeleteRange of a key never written
+                    gone = await reader.delete_range(pb.DeleteRangeRequest(
+                        key=b"absent-" + rnd.choice(keys)))
+                    assert gone.deleted == 0
+                    rev = int(gone.header.revision)
+                elif roll < 0.5:  # a read-only Txn of one or two shards' keys
                     ks = rnd.sample(keys, rnd.choice((1, 2)))
                     t = await reader.txn(pb.TxnRequest(success=[
                         pb.RequestOp(request_range=pb.RangeRequest(key=k)) for k in ks]))

@@ -579,14 +579,16 @@ class StateMachineBackend(ABC):
         replicated backend says so once every member advertised it."""
         return True
 
-    def stamp(self) -> int:
+    def stamp(self, noop_floor: bool = False) -> int:
         """The ``min_revision`` of a write proposed now: an ordered stamp with several
-        shards (once the gate is open), else 0 (the shard's own next revision)."""
+        shards (once the gate is open), else 0 (the shard's own next revision);
+        ``noop_floor`` (a Txn, a DeleteRange: writes that may write nothing) marks it
+        once reads are fenced (``RevisionOrder.stamp``)."""
         order = self.order
         if order is None or not self.ordered_commands:
             return 0
         try:
-            return order.stamp()
+            return order.stamp(noop_floor and self.fenced_reads)
         except ClockUntrusted as e:
             raise EtcdError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
 
@@ -659,7 +661,7 @@ class StateMachineBackend(ABC):
             gone: rpc_pb2.DeleteRangeResponse = done.responses[0].response_delete_range
             gone.header.revision = done.header.revision
             return gone
-        enc = self.sm.encode_delete_range(req, min_revision=self.stamp())
+        enc = self.sm.encode_delete_range(req, min_revision=self.stamp(noop_floor=True))
         parts = await self._each(shards, lambda s: self.commit_free(enc, s))
         if len(parts) == 1:
             result: rpc_pb2.DeleteRangeResponse = parts[0]
@@ -703,7 +705,8 @@ class StateMachineBackend(ABC):
             return read
         if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
             self._check_space()
-        command = self.sm.encode_txn(req, compact=compact, min_revision=self.stamp())
+        command = self.sm.encode_txn(req, compact=compact,
+                                     min_revision=self.stamp(noop_floor=True))
         try:
             result: rpc_pb2.TxnResponse = await self.commit(command, shard)
         except errors.Locked:

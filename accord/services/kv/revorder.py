@@ -66,12 +66,19 @@ class RevisionOrder:
             self._last = t
         return self._last
 
-    def stamp(self) -> int:
+    def stamp(self, noop_floor: bool = False) -> int:
         """The ``min_revision`` of an ordered write proposed now (negative: a stamp);
-        raises ``ClockUntrusted`` when the guard refuses this member's clock."""
+        raises ``ClockUntrusted`` when the guard refuses this member's clock.
+
+        ``noop_floor`` marks the stamp (``t * n - 1`` instead of ``t * n``) for a write
+        that may write nothing (a Txn, a DeleteRange): if it does, its apply raises the
+        shard to the stamp (:func:`noop_floor`), so that the answer, like a read's, is at
+        or above every write acknowledged before it started (``docs/txn.md``). Only once
+        every member applies the mark (:data:`READ_FENCE_GATE`)."""
         if self.guard is not None:
             self.guard.check()
-        return -(max(1, self.now_us()) * self.shards)
+        t = max(1, self.now_us()) * self.shards
+        return -(t - 1) if noop_floor else -t
 
     def read_revision(self) -> int:
         """The revision a linearizable read that starts now may answer at, whatever
@@ -122,3 +129,13 @@ def tick_clock(start_us: int = 0) -> Callable[[], int]:
         return t
 
     return now_ns
+
+
+def noop_floor(min_revision: int, shards: int) -> int:
+    """The floor a write that wrote nothing raises its shard to: its stamp, when the
+    proposer marked it (``RevisionOrder.stamp(noop_floor=True)``: one below a multiple of
+    the shard count), else 0."""
+    if min_revision >= 0 or shards < 2:
+        return 0
+    stamp = -min_revision
+    return stamp if stamp % shards == shards - 1 else 0

@@ -48,6 +48,7 @@ from accord.services.kv.mvcc import LEASE, MOD, VALUE, MVCCStore, WriteTxn
 from accord.services.kv.ops import Executor
 from accord.services.kv.pbwire import varint
 from accord.services.kv.ranges import KeyRange
+from accord.services.kv.revorder import noop_floor
 from accord.services.kv.watchhub import Change, WatchHub
 
 SNAPSHOT_FORMAT = 1
@@ -454,14 +455,22 @@ class KVStateMachine:
         return puts_response(wt.rev, len(keys))
 
     def _write(self, min_revision: int, body: Any) -> Any:
-        """Run ``body(wt)`` in one write transaction: commit, or roll back on error."""
+        """Run ``body(wt)`` in one write transaction: commit, or roll back on error. A
+        write that wrote nothing, proposed with a marked stamp, raises the shard to the
+        stamp and answers there (``revorder.noop_floor``)."""
         wt = self._store.begin(min_revision)
         try:
             resp = body(wt)
         except BaseException:
             wt.rollback()
             raise
+        wrote = bool(wt.changes)
         self._commit(wt)
+        if not wrote and min_revision < 0:
+            floor = noop_floor(min_revision, self.stripe[0])
+            if floor:
+                self._store.raise_floor(floor)
+                resp.header.revision = self._store.rev
         return resp
 
     def _commit(self, wt: WriteTxn) -> None:
