@@ -75,9 +75,7 @@ class RevisionOrder:
         shard to the stamp (:func:`noop_floor`), so that the answer, like a read's, is at
         or above every write acknowledged before it started (``docs/txn.md``). Only once
         every member applies the mark (:data:`READ_FENCE_GATE`)."""
-        if self.guard is not None:
-            self.guard.check()
-        t = max(1, self.now_us()) * self.shards
+        t = self._trusted_us() * self.shards
         return -(t - 1) if noop_floor else -t
 
     def read_revision(self) -> int:
@@ -86,9 +84,7 @@ class RevisionOrder:
         after its member's clock passed ``R // n + max_drift``, so ``R < t * n`` on any
         clock within the drift; the shard's leader fences above it (:meth:`fence`).
         Raises ``ClockUntrusted`` when the guard refuses this member's clock."""
-        if self.guard is not None:
-            self.guard.check()
-        return max(1, self.now_us()) * self.shards - 1
+        return self._trusted_us() * self.shards - 1
 
     def fence(self) -> int:
         """The floor a shard's leader appends before anything it appends after answering
@@ -96,9 +92,13 @@ class RevisionOrder:
         answered (each started before the answer, on a clock within the drift), so no
         write appended later lands at or below what such a read answered. Raises
         ``ClockUntrusted`` when the guard refuses this member's clock."""
+        return (self._trusted_us() + self.drift_us) * self.shards
+
+    def _trusted_us(self) -> int:
+        """:meth:`now_us` (at least 1), once the guard allows this member's clock."""
         if self.guard is not None:
             self.guard.check()
-        return (max(1, self.now_us()) + self.drift_us) * self.shards
+        return max(1, self.now_us())
 
     def ready(self, revision: int) -> bool:
         """Whether an answer at ``revision`` may be given now (its commit-wait is over)."""
