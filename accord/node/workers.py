@@ -603,8 +603,8 @@ class WorkerRouter:
         for s in shards:
             b._check_local(s)
             m = b.machines[s]
-            out.append(m.read_share(req, min(rev, int(m.revision)))[1](
-                [bool(x) for x in path]).SerializeToString())
+            out.append(m.read_branch(req, [bool(x) for x in path],
+                                     min(rev, int(m.revision))).SerializeToString())
         return out
 
     async def _serve_txn_compares(self, body: bytes) -> bytes:

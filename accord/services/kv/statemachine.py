@@ -23,7 +23,7 @@ did; a format-1 Put or Txn is also what an older proposer sends.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -869,9 +869,14 @@ class KVStateMachine:
         """A read-only multi-shard Txn's part here at ``rev``: this shard's partial
         compares (``xtxn.partial_compares``) and a function of the branch path that reads
         this shard's part of the taken ranges (``xtxn.read_share``)."""
-        ex = self._exec
         return (xtxn.partial_compares(self._store, req, rev),
-                lambda path: xtxn.read_share(ex, req, path, rev))
+                lambda path: self.read_branch(req, path, rev))
+
+    def read_branch(self, req: rpc_pb2.TxnRequest, path: Sequence[bool],
+                    rev: int) -> rpc_pb2.TxnResponse:
+        """This shard's part at ``rev`` of the reads along ``path`` of a read-only
+        multi-shard Txn (its compares already combined elsewhere)."""
+        return xtxn.read_share(self._exec, req, path, rev)
 
     def is_read_only_txn(self, req: rpc_pb2.TxnRequest) -> bool:
         """Whether no branch of ``req`` (nested ones included) can write."""
