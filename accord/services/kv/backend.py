@@ -718,9 +718,10 @@ class StateMachineBackend(ABC):
         self, req: rpc_pb2.TxnRequest, shards: list[int]
     ) -> rpc_pb2.TxnResponse:
         """A read-only Txn over several shards, served as a multi-shard range is: barriers,
-        R = the highest revision or the read's start, every shard floored at R unless the
-        read fences hold it, the intents in the way waited out, then the compares and ranges of every shard at R (no revision of its own, as
-        etcd gives a read-only Txn none)."""
+        R = the read's start (or the highest revision), every shard floored at R unless
+        the read fences hold it, the intents in the way waited out, then the compares and
+        ranges of every shard at R (no revision of its own, as etcd gives a read-only Txn
+        none)."""
         start = self.read_start()
         await self._each(shards, self.read_barrier)
         rev = start or max(self.machines[s].revision for s in shards)
