@@ -27,6 +27,8 @@ def answers() -> list[object]:
         Committed(None, Decision(ABORTED)),
         Committed(share, None, errors.range_too_large(10, 5)),
         Decision(COMMITTED, (False,), 0),
+        pb.LeaseGrantResponse(ID=7, TTL=30),  # a lease's grant on another worker's shard
+        pb.LeaseRevokeResponse(),
     ]
 
 
