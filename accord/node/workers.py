@@ -34,14 +34,16 @@ so that each etcd method is, on every worker alike:
   changed), then each worker compacts (``RevisionState``, ``CompactParts`` on the
   forwarding socket) or hashes (``HashParts``) its own, as ``StateMachineBackend``
   compacts every shard of one process and combines their hashes in shard order;
-* **refused** (everything else: watches, leases, member changes, hashes,
-  snapshots, leader moves, enabling auth, locks and elections, accord's own services):
+* **served here, across workers** (Watch): a watch over another worker's shards is
+  fed by that worker and merged here in revision order (``workerwatch.py``);
+* **refused** (everything else: member changes, hashes, snapshots, leader moves,
+  enabling auth, locks and elections, accord's own services):
   UNIMPLEMENTED with a message naming ``--workers``, never a partial answer from one
   worker's shards.
 
 The forwarding socket of each worker serves the *local* handlers (never the routing
-ones: a call is forwarded at most once) and the internal range, compaction, hash and
-commit steps.
+ones: a call is forwarded at most once), the internal range, compaction, hash and
+commit steps, and the feeds of watches other workers hold over its shards.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from accord.node.backend import ReplicatedBackend
 from accord.node.forward import ForwardClient, ForwardedError, Handler
 from accord.node.forwardgrpc import DEFAULT_TIMEOUT_S, forward_unary, owner_handlers
 from accord.node.placement import WorkerPlan
+from accord.node.workerwatch import WatchFeeds, WatchLinks
 from accord.proto import rpc_pb2
 from accord.services.kv import errors, fanout, sharding, xcommands, xresults, xtxn
 from accord.services.kv.backend import check_compaction, check_hash_revision
@@ -64,6 +67,7 @@ from accord.services.kv.codec import spreads_to_every_shard
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.servicer import fill_header
+from accord.services.kv.shardwatch import ShardedWatchHub
 
 KV = "/etcdserverpb.KV/"
 RANGE_TOPS = "/accord.worker/RangeTops"
@@ -98,8 +102,10 @@ KEEPALIVE = "/accord.worker/KeepAlive"
 LEASE_KEYS = "/accord.worker/LeaseKeys"
 """Internal: ``[lease id, shards]`` -> the lease's keys on those shards (after a barrier)."""
 LEASE = "/etcdserverpb.Lease/"
-SERVED_HERE = {f"{LEASE}LeaseKeepAlive"}
-"""Served by this worker's own handler, whose backend commits on shard 0's worker."""
+WATCH = "/etcdserverpb.Watch/Watch"
+SERVED_HERE = {f"{LEASE}LeaseKeepAlive", WATCH}
+"""Served by this worker's own handler: a keepalive's backend commits on shard 0's
+worker, a watch's hub watches the other workers' shards through them (``workerwatch``)."""
 
 ROUTED = {f"{KV}Range", f"{KV}Put", f"{KV}DeleteRange", f"{KV}Txn"}
 ON_WORKER_0 = {
@@ -174,6 +180,13 @@ class WorkerRouter:
         served[COMMIT_ON] = self._serve_commit
         served[KEEPALIVE] = self._serve_keepalive
         served[LEASE_KEYS] = self._serve_lease_keys
+        hub = self.backend.watch_hub
+        assert isinstance(hub, ShardedWatchHub), "a node of several workers has several shards"
+        self.feeds = WatchFeeds(hub, frozenset(self.plan.shards_of(self.index)), self.backend.floor)
+        served.update(self.feeds.handlers())
+        self.links = WatchLinks(self.plan, self.index, self.clients,
+                                self.backend.sm.limits.watch_buffer_events)
+        hub.remote = self.links
         self.backend.remote = self.remote_commit
         self.backend.remote_keepalive = self.keepalive_on_home
         self.backend.remote_lease_keys = self.lease_keys_across
@@ -196,8 +209,10 @@ class WorkerRouter:
 
     def fallback(self, method: str) -> grpc.RpcMethodHandler | None:
         """A method this worker has no handler for (a service only worker 0 registers):
-        refused as the others are, instead of gRPC's bare "Method not found"."""
-        if method.startswith(LOCAL_PREFIXES):
+        refused as the others are, instead of gRPC's bare "Method not found". The local
+        methods and the Watch stream (a generic handler of its own) are left to the
+        server's other handlers."""
+        if method.startswith(LOCAL_PREFIXES) or method == WATCH:
             return None
         return _refusing(grpc.StatusCode.UNIMPLEMENTED, refusal(method, self.plan.workers))
 

@@ -11,10 +11,15 @@ nothing; all of it under mutual TLS on the client and peer ports, and the node's
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -199,11 +204,6 @@ def test_what_the_workers_cannot_do_is_refused_naming_the_flag(cluster: ProcClus
                 "auth enable": _refused(rpc_pb2_grpc.AuthStub(ch).AuthEnable,
                                         pb.AuthEnableRequest()),
             }
-            watch = rpc_pb2_grpc.WatchStub(ch).Watch(iter([pb.WatchRequest(
-                create_request=pb.WatchCreateRequest(key=a))]), timeout=5)
-            with pytest.raises(grpc.RpcError) as e:
-                next(iter(watch))
-            unimplemented["watch"] = e.value
             for what, err in unimplemented.items():
                 assert err.code() == grpc.StatusCode.UNIMPLEMENTED, what
                 assert "--workers 2" in (err.details() or ""), what
@@ -439,6 +439,62 @@ def test_txns_and_deletes_over_both_workers_are_atomic_at_one_revision(
     for node in cluster.nodes:
         assert retry(fresh_kv(node).Range, pb.RangeRequest(
             key=b"/both/", range_end=b"/both0")).count == 0  # type: ignore[attr-defined]
+
+
+def _watch_events(lines: list[str]) -> list[tuple[str, bytes, int]]:
+    """``etcdctl watch -w json`` output as (type, key, mod revision) per event."""
+    out = []
+    for line in lines:
+        for ev in json.loads(line).get("Events") or []:
+            kind = "DELETE" if ev.get("type", 0) == 1 else "PUT"
+            out.append((kind, base64.b64decode(ev["kv"]["key"]), int(ev["kv"]["mod_revision"])))
+    return out
+
+
+def test_a_real_etcdctl_watch_through_any_endpoint_sees_both_workers_in_revision_order(
+        cluster: ProcCluster) -> None:
+    """``etcdctl watch --prefix`` through each member (whichever worker takes its
+    connection) gets the puts of keys on both workers' shards, a Txn over both as one
+    revision in the Txn's order, and a DeleteRange over both at one revision in key
+    order: exactly the events, in revision order, that one etcd would deliver."""
+    tls = cluster.tls
+    assert tls is not None
+    a = keys_of_worker(0, "/watch/", 2)
+    b = keys_of_worker(1, "/watch/", 2)
+    kv = fresh_kv(cluster.nodes[0])
+    start = int(retry(kv.Put, pb.PutRequest(key=b"/watch-start", value=b"")).header.revision)  # type: ignore[attr-defined]
+    watchers = [subprocess.Popen(
+        ["etcdctl", f"--endpoints={n.client_url}", *tls.etcdctl_flags(), "watch", "--prefix",
+         "/watch/", f"--rev={start + 1}", "-w", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "ETCDCTL_API": "3"}) for n in cluster.nodes]
+    try:
+        want: list[tuple[str, bytes, int]] = []
+        for i, key in enumerate([a[0], b[0], a[1], b[1]]):
+            put = retry(fresh_kv(cluster.nodes[i % 3]).Put, pb.PutRequest(key=key, value=b"v"))
+            want.append(("PUT", key, int(put.header.revision)))  # type: ignore[attr-defined]
+        both = retry(fresh_kv(cluster.nodes[1]).Txn, pb.TxnRequest(success=[
+            pb.RequestOp(request_put=pb.PutRequest(key=k, value=b"t")) for k in (b[1], a[0])]))
+        rev = int(both.header.revision)  # type: ignore[attr-defined]
+        want += [("PUT", b[1], rev), ("PUT", a[0], rev)]  # the Txn's operation order
+        gone = retry(fresh_kv(cluster.nodes[2]).DeleteRange,
+                     pb.DeleteRangeRequest(key=b"/watch/", range_end=b"/watch0"))
+        rev = int(gone.header.revision)  # type: ignore[attr-defined]
+        want += [("DELETE", k, rev) for k in sorted(a + b)]
+        for n, proc in zip(cluster.nodes, watchers, strict=True):
+            lines: queue.Queue[str] = queue.Queue()
+            threading.Thread(target=lambda p=proc, q=lines: [q.put(x) for x in p.stdout],
+                             daemon=True).start()
+            got: list[str] = []
+            deadline = time.monotonic() + 30
+            while len(_watch_events(got)) < len(want) and time.monotonic() < deadline:
+                with contextlib.suppress(queue.Empty):
+                    got.append(lines.get(timeout=max(0.01, deadline - time.monotonic())))
+            assert _watch_events(got) == want, n.name
+    finally:
+        for proc in watchers:
+            proc.kill()
+            proc.communicate(timeout=10)
 
 
 def test_nodes_of_two_workers_under_mutual_tls(cluster: ProcCluster) -> None:

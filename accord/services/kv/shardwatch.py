@@ -9,6 +9,11 @@ the surface the Watch servicer uses on a single hub:
   own :class:`~accord.services.kv.watchhub.Watcher`, with no overhead at all;
 * any other watch is a :class:`MergedWatcher` over one sub-watcher per shard.
 
+On a worker of a node of several (:attr:`ShardedWatchHub.remote` set) a shard another
+worker hosts is watched there: its sub-watcher is a :class:`SubWatcher` fed by that
+worker (``accord/node/workerwatch.py``), and a watch of such a shard alone is a merged
+watcher of one, so that it too is released up to that shard's closed revision.
+
 Why this is correct: revisions are comparable across shards. Each shard's counter only
 grows, and a cross-shard read at revision R first raises every shard's counter to at
 least R (the *revision floor*), so no shard ever produces an event at a revision <= R
@@ -28,7 +33,7 @@ The hub does not floor on its own: creating a watch is local and needs no quorum
 
 Ordered mode (the backends' hubs: an ``advance`` callback given): a merged watcher
 delivers strictly in revision order, every event of one revision in one batch, released
-only up to the lowest closed revision of its shards (:func:`closed_revision`); an idle
+only up to the lowest closed revision of its shards (``SubWatcher.closed_revision``); an idle
 shard behind is asked to advance (the backend floors it) and the watchers are woken when
 it has. The header revision of such a batch is that closed revision. The events of one
 revision from several shards (a multi-shard Txn, a lease revoke) come in the Txn's
@@ -84,9 +89,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from accord.services.kv.watchhub import (
+    SLOW_PREFIX,
     Wake,
     WatchBatch,
     Watcher,
@@ -102,13 +108,62 @@ Advance = Callable[[list[int], int], None]
 once they did; called by an ordered merged watcher whose events wait on idle shards."""
 
 
-def closed_revision(sub: Watcher) -> int:
-    """Every event of ``sub`` up to this revision is in its queue or was handed out, and
-    none at or below it can come later: its shard's closed revision once it is live
-    (``WatchHub.progress``), the revision it has replayed to before."""
-    if sub.synced:
-        return sub._hub.progress()
-    return sub.next_rev - 1
+class SubWatcher(Protocol):
+    """What a merged watcher needs of each of its parts: a shard hub's own
+    :class:`~accord.services.kv.watchhub.Watcher`, or a watcher of a shard another worker
+    process of the node hosts (``accord/node/workerwatch.py``)."""
+
+    buffer_limit: int
+
+    @property
+    def synced(self) -> bool:
+        """Whether it has replayed its history and is live."""
+
+    @property
+    def canceled(self) -> bool:
+        """Whether it has ended (its last batch may still be queued)."""
+
+    def peek(self) -> WatchBatch | None:
+        """The next queued batch without taking it."""
+
+    def poll(self, max_events: int = 1000, until_rev: int | None = None) -> WatchBatch | None:
+        """The next batch (``Watcher.poll``'s merging rules)."""
+
+    def closed_revision(self) -> int:
+        """Every event up to it is queued or was handed out; none at or below can come."""
+
+    def store_revision(self) -> int:
+        """Its shard's current revision, as far as it knows."""
+
+    def resume_revision(self) -> int:
+        """The lowest revision whose events it has not handed out yet."""
+
+    def share_wake(self, wake: Wake) -> None:
+        """Set ``wake`` whenever it gets something or ends."""
+
+    def request_progress(self) -> None:
+        """Queue a progress batch behind what is queued."""
+
+    def advance(self, revision: int) -> bool:
+        """Have its shard close ``revision`` itself (False: ask the backend)."""
+
+    def close(self) -> None:
+        """Cancel it."""
+
+
+class RemoteShards(Protocol):
+    """The shards of a node's key space that another worker process hosts
+    (``docs/workers.md``): their watchers are made there and fed here."""
+
+    def hosts(self, shard: int) -> bool:
+        """Whether ``shard`` is hosted by this process (False: by another worker)."""
+
+    def watch(self, shard: int, key: bytes, range_end: bytes, start_revision: int,
+              prev_kv: bool, filters: list[int], buffer_limit: int | None) -> SubWatcher:
+        """A tagged sub-watcher of ``shard``, made on its worker (raises its refusal)."""
+
+    def closed(self, shard: int) -> int | None:
+        """The closed revision of ``shard`` last heard from its worker (None: never)."""
 
 
 class MergedWatcher:
@@ -137,14 +192,14 @@ class MergedWatcher:
     def __init__(
         self,
         wid: int,
-        subs: Sequence[Watcher],
+        subs: Sequence[SubWatcher],
         progress_notify: bool,
         on_end: Callable[[MergedWatcher], None],
         advance: Advance | None = None,
         shards: Sequence[int] = (),
     ) -> None:
-        if len(subs) < 2:
-            raise ValueError(f"a merged watcher needs at least 2 sub-watchers, got {len(subs)}")
+        if not subs:
+            raise ValueError("a merged watcher needs at least one sub-watcher")
         self.id = wid
         self._subs = list(subs)
         self.progress_notify = progress_notify
@@ -186,8 +241,9 @@ class MergedWatcher:
         )
 
     def open_subs(self) -> int:
-        """How many sub-watchers are still registered with their shard hubs."""
-        return sum(1 for s in self._subs if not s.canceled)
+        """How many sub-watchers are still registered with this process's shard hubs (a
+        sub-watcher of another worker's shard is registered there)."""
+        return sum(1 for s in self._subs if isinstance(s, Watcher) and not s.canceled)
 
     # --- delivery -------------------------------------------------------------------------
     def poll(self, max_events: int = 1000) -> WatchBatch | None:
@@ -236,7 +292,7 @@ class MergedWatcher:
         up to the closed revision of all shards, each revision whole, in one batch (whole
         revisions up to ``max_events``, at least one); None while ``low`` is not closed
         on some shard (those are asked to advance)."""
-        closed = [closed_revision(s) for s in self._subs]
+        closed = [s.closed_revision() for s in self._subs]
         top = min(closed)
         if events_waiting := [batch_revision(h) for s in self._subs
                               if (h := s.peek()) is not None and not h.progress]:
@@ -245,7 +301,10 @@ class MergedWatcher:
             if self._advance is not None:  # (the backend asks each shard once per revision)
                 # Up to the highest closed revision: what is queued goes in one round.
                 want = max(max(closed), low)
-                self._advance([self._shards[i] for i, c in enumerate(closed) if c < want], want)
+                behind = [i for i, c in enumerate(closed) if c < want]
+                asked = [self._shards[i] for i in behind if not self._subs[i].advance(want)]
+                if asked:
+                    self._advance(asked, want)
             return None
         events: list[Any] = []
         while True:
@@ -327,7 +386,7 @@ class MergedWatcher:
         is an empty cancel."""
         if self._final is not None:
             return
-        rev = min(s._hub.store.rev for s in self._subs)
+        rev = min(s.store_revision() for s in self._subs)
         self._end(WatchBatch(rev, canceled=True))
 
     # --- internals ------------------------------------------------------------------------
@@ -349,7 +408,7 @@ class MergedWatcher:
     def _finish(self, i: int) -> WatchBatch:
         """Sub-watcher ``i`` ended: end the merged watch with a cancel saying why."""
         sub = self._subs[i]
-        cause = sub.poll() or WatchBatch(sub._hub.store.rev, canceled=True)  # always a cancel
+        cause = sub.poll() or WatchBatch(sub.store_revision(), canceled=True)  # always a cancel
         if cause.compact_revision:
             final = WatchBatch(
                 cause.revision,
@@ -357,6 +416,8 @@ class MergedWatcher:
                 canceled=True,
                 cancel_reason=cause.cancel_reason,
             )
+        elif cause.cancel_reason and not cause.cancel_reason.startswith(SLOW_PREFIX):
+            final = WatchBatch(cause.revision, canceled=True, cancel_reason=cause.cancel_reason)
         elif cause.cancel_reason:
             resume = min(s.resume_revision() for s in self._subs)
             final = WatchBatch(
@@ -398,6 +459,9 @@ class ShardedWatchHub:
         self._shards_of_range = shards_of_range
         self._next_id = 0
         self._merged: dict[int, MergedWatcher] = {}
+        self.remote: RemoteShards | None = None
+        """Set on a worker of a node of several (``docs/workers.md``): the shards it does
+        not host are watched on their worker; their hubs here are never used."""
 
     def __len__(self) -> int:
         """Open watches: plain watchers of every shard hub plus merged watchers, a merged
@@ -411,8 +475,15 @@ class ShardedWatchHub:
 
     def progress(self) -> int:
         """The minimum of the shard hubs' revisions: every event up to it was published on
-        every shard (a higher revision could still appear on a lagging shard)."""
-        return min(h.progress() for h in self.hubs)
+        every shard (a higher revision could still appear on a lagging shard). On a worker
+        (:attr:`remote`): over the shards it hosts and the others' closed revisions last
+        heard from their workers (a lower bound of theirs now)."""
+        remote = self.remote
+        if remote is None:
+            return min(h.progress() for h in self.hubs)
+        known = [h.progress() if remote.hosts(i) else remote.closed(i)
+                 for i, h in enumerate(self.hubs)]
+        return min(c for c in known if c is not None)
 
     def shards(self, key: bytes, range_end: bytes = b"") -> list[int]:
         """The shards a range spans, sorted, checked against the number of shards."""
@@ -439,21 +510,30 @@ class ShardedWatchHub:
         buffer_limit: int | None = None,
     ) -> AnyWatcher:
         """Create a watch (arguments as :meth:`WatchHub.watch`): the shard's own watcher
-        if the range lives on one shard, else a :class:`MergedWatcher`. Raises the shard
+        if the range lives on one shard hosted here, else a :class:`MergedWatcher` (over
+        one shard of another worker: a merged watcher of one). Raises the shard
         hub's error (too many watchers, bad buffer limit) and then creates nothing."""
         picked = self.shards(key, range_end)
         fs = list(filters)
-        if len(picked) == 1:
+        remote = self.remote
+        if len(picked) == 1 and (remote is None or remote.hosts(picked[0])):
             return self.hubs[picked[0]].watch(
                 key, range_end, start_revision, prev_kv, fs, progress_notify, buffer_limit
             )
-        subs: list[Watcher] = []
+        subs: list[SubWatcher] = []
+        # A feed opens on its worker a round trip from now: "from the next revision"
+        # there must mean from the revision after the watch's creation here.
+        remote_start = start_revision if start_revision > 0 else self.progress() + 1
         try:
             for i in picked:
                 # Sub-watchers never notify progress on their own: the merged watcher asks
                 # them, so that every answer belongs to one of its rounds.
                 # Tagged: one revision's events from several shards (a multi-shard Txn)
                 # are put in the Txn's operation order by their sub-revisions.
+                if remote is not None and not remote.hosts(i):
+                    subs.append(remote.watch(i, key, range_end, remote_start, prev_kv, fs,
+                                             buffer_limit))
+                    continue
                 subs.append(
                     self.hubs[i].watch(key, range_end, start_revision, prev_kv, fs, False,
                                        buffer_limit, tagged=True)

@@ -69,12 +69,35 @@ def batch_revision(batch: WatchBatch) -> int:
     return batch.events[0].kv.mod_revision if batch.events else batch.revision
 
 
+SLOW_PREFIX = "accord: watcher too slow"
+
+
 def slow_reason(buffer_limit: int, resume_rev: int) -> str:
     """The cancel reason of a watcher whose consumer fell too far behind."""
     return (
-        f"accord: watcher too slow, buffer of {buffer_limit} events "
+        f"{SLOW_PREFIX}, buffer of {buffer_limit} events "
         f"exceeded; re-create the watch from revision {resume_rev}"
     )
+
+
+def take_batch(queue: deque[WatchBatch], max_events: int,
+               until_rev: int | None = None) -> WatchBatch:
+    """Pop the first batch of a non-empty ``queue``, with the batches behind it merged in
+    up to ``max_events`` events (never a progress batch with an event batch; with
+    ``until_rev``, only event batches at revisions up to it)."""
+    batch = queue.popleft()
+    while queue and len(batch.events) + len(queue[0].events) <= max_events:
+        nxt = queue[0]
+        if nxt.progress != batch.progress:
+            break
+        if until_rev is not None and (nxt.progress or batch_revision(nxt) > until_rev):
+            break
+        queue.popleft()
+        batch.events.extend(nxt.events)
+        if batch.subs is not None:
+            batch.subs.extend(nxt.subs or [0] * len(nxt.events))
+        batch.revision = nxt.revision
+    return batch
 
 
 class Watcher:
@@ -187,18 +210,7 @@ class Watcher:
         if not self._queue and not self.synced and self._final is None:
             self._hub._refill(self)
         if self._queue:
-            batch = self._queue.popleft()
-            while self._queue and len(batch.events) + len(self._queue[0].events) <= max_events:
-                nxt = self._queue[0]
-                if nxt.progress != batch.progress:
-                    break
-                if until_rev is not None and (nxt.progress or batch_revision(nxt) > until_rev):
-                    break
-                self._queue.popleft()
-                batch.events.extend(nxt.events)
-                if batch.subs is not None:
-                    batch.subs.extend(nxt.subs or [0] * len(nxt.events))
-                batch.revision = nxt.revision
+            batch = take_batch(self._queue, max_events, until_rev)
             self._queued_events -= len(batch.events)
             if not self._queue and not self.synced and self._final is None:
                 self._hub._refill(self)
@@ -225,6 +237,23 @@ class Watcher:
         if self.synced:
             return max(self._hub.progress() + 1, self.min_rev)
         return self.next_rev
+
+    def closed_revision(self) -> int:
+        """Every event of this watcher up to this revision is queued or was handed out,
+        and none at or below it can come later: its shard's closed revision once it is
+        live (:meth:`WatchHub.progress`), the revision it has replayed to before."""
+        if self.synced:
+            return self._hub.progress()
+        return self.next_rev - 1
+
+    def store_revision(self) -> int:
+        """Its shard's current revision (the header of a cancel)."""
+        return self._hub.store.rev
+
+    def advance(self, revision: int) -> bool:
+        """A shard hub's watcher cannot close a revision itself: False, and a merged
+        watcher asks the backend to floor its shard (``shardwatch.Advance``)."""
+        return False
 
     def share_wake(self, wake: Wake) -> None:
         """Set ``wake`` whenever this watcher gets a batch or ends, so that one task can
