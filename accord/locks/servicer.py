@@ -22,7 +22,7 @@ import grpc
 
 from accord.locks import election, recipe
 from accord.locks.errors import LockError
-from accord.locks.store import BackendLockStore
+from accord.locks.store import BackendLockStore, LockStore
 from accord.proto import (
     v3election_pb2,
     v3election_pb2_grpc,
@@ -56,13 +56,14 @@ class LockServicer(v3lock_pb2_grpc.LockServicer):
 
     def __init__(self, backend: Backend) -> None:
         self._b = backend
-        self._store = BackendLockStore(backend)
+        self.store: LockStore = BackendLockStore(backend)
+        """Where the recipe runs (a worker of a node of several routes it: ``docs/workers.md``)."""
 
     async def Lock(
         self, request: v3lock_pb2.LockRequest, context: grpc.aio.ServicerContext
     ) -> v3lock_pb2.LockResponse:
         """Block until ``request.lease`` holds lock ``request.name``; its key."""
-        held = await _run(context, recipe.acquire(self._store, request.name, request.lease))
+        held = await _run(context, recipe.acquire(self.store, request.name, request.lease))
         resp = v3lock_pb2.LockResponse(key=held.key)
         fill_header(resp.header, self._b, max(held.grant_revision, self._b.revision))
         return resp
@@ -71,7 +72,7 @@ class LockServicer(v3lock_pb2_grpc.LockServicer):
         self, request: v3lock_pb2.UnlockRequest, context: grpc.aio.ServicerContext
     ) -> v3lock_pb2.UnlockResponse:
         """Delete the ownership key (and its grant record)."""
-        rev = await _run(context, recipe.unlock_key(self._store, request.key))
+        rev = await _run(context, recipe.unlock_key(self.store, request.key))
         resp = v3lock_pb2.UnlockResponse()
         fill_header(resp.header, self._b, rev)
         return resp
@@ -86,14 +87,15 @@ class ElectionServicer(v3election_pb2_grpc.ElectionServicer):
 
     def __init__(self, backend: Backend) -> None:
         self._b = backend
-        self._store = BackendLockStore(backend)
+        self.store: LockStore = BackendLockStore(backend)
+        """Where the recipes run (a worker of a node of several routes them)."""
 
     async def Campaign(
         self, request: v3election_pb2.CampaignRequest, context: grpc.aio.ServicerContext
     ) -> v3election_pb2.CampaignResponse:
         """Block until elected; the leader key."""
         won = await _run(
-            context, election.campaign(self._store, request.name, request.lease, request.value)
+            context, election.campaign(self.store, request.name, request.lease, request.value)
         )
         resp = v3election_pb2.CampaignResponse(leader=v3election_pb2.LeaderKey(
             name=won.name, key=won.key, rev=won.rev, lease=won.lease,
@@ -108,7 +110,7 @@ class ElectionServicer(v3election_pb2_grpc.ElectionServicer):
         if not request.HasField("leader"):
             await context.abort(grpc.StatusCode.UNKNOWN, MISSING_LEADER)
         rev = await _run(
-            context, election.proclaim(self._store, _leadership(request.leader), request.value)
+            context, election.proclaim(self.store, _leadership(request.leader), request.value)
         )
         resp = v3election_pb2.ProclaimResponse()
         fill_header(resp.header, self._b, rev)
@@ -118,7 +120,7 @@ class ElectionServicer(v3election_pb2_grpc.ElectionServicer):
         self, request: v3election_pb2.LeaderRequest, context: grpc.aio.ServicerContext
     ) -> v3election_pb2.LeaderResponse:
         """The current leader's key-value."""
-        kv, rev = await _run(context, election.leader(self._store, request.name))
+        kv, rev = await _run(context, election.leader(self.store, request.name))
         resp = v3election_pb2.LeaderResponse(kv=kv)
         fill_header(resp.header, self._b, rev)
         return resp
@@ -127,7 +129,7 @@ class ElectionServicer(v3election_pb2_grpc.ElectionServicer):
         self, request: v3election_pb2.LeaderRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[v3election_pb2.LeaderResponse]:
         """Stream the leader's key-value on every change of leader or value."""
-        stream = election.observe(self._store, request.name)
+        stream = election.observe(self.store, request.name)
         try:
             while True:
                 kv = await _run(context, anext(stream))
@@ -143,18 +145,22 @@ class ElectionServicer(v3election_pb2_grpc.ElectionServicer):
         """Give up leadership."""
         if not request.HasField("leader"):
             await context.abort(grpc.StatusCode.UNKNOWN, MISSING_LEADER)
-        rev = await _run(context, election.resign(self._store, _leadership(request.leader)))
+        rev = await _run(context, election.resign(self.store, _leadership(request.leader)))
         resp = v3election_pb2.ResignResponse()
         fill_header(resp.header, self._b, rev)
         return resp
 
 
-def add_lock_services(server: grpc.aio.Server, backend: Backend) -> None:
-    """Register the v3lock ``Lock`` and v3election ``Election`` servicers on ``server``."""
+def add_lock_services(server: grpc.aio.Server,
+                      backend: Backend) -> tuple[LockServicer, ElectionServicer]:
+    """Register the v3lock ``Lock`` and v3election ``Election`` servicers on ``server``;
+    the two servicers."""
+    locks, elections = LockServicer(backend), ElectionServicer(backend)
     servicer: object
     for module, name, servicer in (
-        (v3lock_pb2_grpc, "add_LockServicer_to_server", LockServicer(backend)),
-        (v3election_pb2_grpc, "add_ElectionServicer_to_server", ElectionServicer(backend)),
+        (v3lock_pb2_grpc, "add_LockServicer_to_server", locks),
+        (v3election_pb2_grpc, "add_ElectionServicer_to_server", elections),
     ):
         register: Callable[[object, grpc.aio.Server], None] = getattr(module, name)
         register(servicer, server)
+    return locks, elections

@@ -49,6 +49,10 @@ class ForwardedContext:
         """Where the call came from: another worker of this node."""
         return "unix:forwarded"
 
+    def time_remaining(self) -> float | None:
+        """No deadline of its own: ``forward.py`` bounds the call."""
+        return None
+
     def code(self) -> grpc.StatusCode | None:
         """The status set with ``set_code``, if any."""
         return self._code

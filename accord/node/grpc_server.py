@@ -44,7 +44,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from accord.locks.servicer import add_lock_services
+from accord.locks.servicer import ElectionServicer, LockServicer, add_lock_services
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.services.auth.guard import AuthGuard, local_guard
 from accord.services.auth.interceptor import AuthInterceptor
@@ -218,6 +218,8 @@ class AccordGrpcServer:
     methods: MethodTable
     """The registered methods of every service added (:func:`generic_only`)."""
     client_api_versions: Counter[str] = field(default_factory=Counter)
+    locks: tuple[LockServicer, ElectionServicer] | None = None
+    """The v3lock and v3election servicers (their recipes' store can be swapped)."""
 
     def add_port(self, address: str, credentials: grpc.ServerCredentials | None = None) -> int:
         """Listen on ``address`` (``host:port``; port 0 picks one), over TLS with
@@ -320,7 +322,7 @@ def build_server(
         )
         register(servicer, server)
     add_watch_servicer(watch, server)
-    add_lock_services(server, backend)
+    locks = add_lock_services(server, backend)
     health_servicer = ClockedHealth(clock_us or (lambda: time.time_ns() // 1000))
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     service_names = [
@@ -331,7 +333,8 @@ def build_server(
         reflection.SERVICE_NAME,
     ]
     reflection.enable_server_reflection(service_names, server)
-    return AccordGrpcServer(server, backend, health_servicer, watch, guard, methods, versions)
+    return AccordGrpcServer(server, backend, health_servicer, watch, guard, methods, versions,
+                            locks)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -73,7 +73,7 @@ from accord.node.placement import WORKERS_FILE, PlacementError, WorkerPlan, chec
 from accord.node.supervisor import Supervisor
 from accord.node.tls import ReloadingTLS, client_files, peer_files
 from accord.node.workermetrics import WorkersMetricsServer
-from accord.node.workers import WorkerRouter
+from accord.node.workers import RoutedLockStore, WorkerRouter
 from accord.proto import rpc_pb2
 from accord.raft.core.types import NO_NODE, Role
 from accord.raft.host.balance import plan_moves
@@ -370,6 +370,8 @@ class Node:
         self.router = WorkerRouter(plan, self.worker, self.backend, self._forward_clients)
         served = self.router.install(self.grpc.methods.handlers)
         self.grpc.methods.fallback = self.router.fallback
+        for lock_servicer in self.grpc.locks or ():
+            lock_servicer.store = RoutedLockStore(self.backend, self.grpc.methods.handlers)
         if self.meta_feed is not None:
             served[metacopy.METHOD] = self.meta_feed.serve
         self._forward_server = ForwardServer(plan.forward_socket(base, self.worker), served)

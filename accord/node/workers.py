@@ -34,10 +34,12 @@ so that each etcd method is, on every worker alike:
   changed), then each worker compacts (``RevisionState``, ``CompactParts`` on the
   forwarding socket) or hashes (``HashParts``) its own, as ``StateMachineBackend``
   compacts every shard of one process and combines their hashes in shard order;
-* **served here, across workers** (Watch): a watch over another worker's shards is
-  fed by that worker and merged here in revision order (``workerwatch.py``);
+* **served here, across workers** (Watch, v3lock, v3election): a watch over another
+  worker's shards is fed by that worker and merged here in revision order
+  (``workerwatch.py``); the lock and election recipes run here over the routed calls
+  (:class:`RoutedLockStore`);
 * **refused** (everything else: member changes, hashes, snapshots, leader moves,
-  enabling auth, locks and elections, accord's own services):
+  enabling auth, accord's own services):
   UNIMPLEMENTED with a message naming ``--workers``, never a partial answer from one
   worker's shards.
 
@@ -55,9 +57,15 @@ from typing import Any
 import grpc
 import msgpack
 
+from accord.locks.store import BackendLockStore
 from accord.node.backend import ReplicatedBackend
 from accord.node.forward import ForwardClient, ForwardedError, Handler
-from accord.node.forwardgrpc import DEFAULT_TIMEOUT_S, forward_unary, owner_handlers
+from accord.node.forwardgrpc import (
+    DEFAULT_TIMEOUT_S,
+    ForwardedContext,
+    forward_unary,
+    owner_handlers,
+)
 from accord.node.placement import WorkerPlan
 from accord.node.workerwatch import WatchFeeds, WatchLinks
 from accord.proto import rpc_pb2
@@ -103,9 +111,13 @@ LEASE_KEYS = "/accord.worker/LeaseKeys"
 """Internal: ``[lease id, shards]`` -> the lease's keys on those shards (after a barrier)."""
 LEASE = "/etcdserverpb.Lease/"
 WATCH = "/etcdserverpb.Watch/Watch"
-SERVED_HERE = {f"{LEASE}LeaseKeepAlive", WATCH}
+LOCKS = {*(f"/v3lockpb.Lock/{m}" for m in ("Lock", "Unlock")),
+         *(f"/v3electionpb.Election/{m}" for m in (
+             "Campaign", "Proclaim", "Leader", "Observe", "Resign"))}
+SERVED_HERE = {f"{LEASE}LeaseKeepAlive", WATCH, *LOCKS}
 """Served by this worker's own handler: a keepalive's backend commits on shard 0's
-worker, a watch's hub watches the other workers' shards through them (``workerwatch``)."""
+worker, a watch's hub watches the other workers' shards through them (``workerwatch``),
+the lock and election recipes run over the routed calls (:class:`RoutedLockStore`)."""
 
 ROUTED = {f"{KV}Range", f"{KV}Put", f"{KV}DeleteRange", f"{KV}Txn"}
 ON_WORKER_0 = {
@@ -142,6 +154,39 @@ def _refusing(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
         await context.abort(code, message)
         yield  # pragma: no cover - abort raises; this makes it an async generator
     return grpc.stream_stream_rpc_method_handler(refuse)
+
+
+class RoutedLockStore(BackendLockStore):
+    """The lock and election recipes' store on a worker of a node of several: their
+    Txns, Ranges and lease grants go where a client's would (``handlers``: the routed
+    method table, so served here, forwarded to the owner, or read across workers), and
+    their waits watch any shard through the worker's hub."""
+
+    def __init__(self, backend: ReplicatedBackend,
+                 handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
+        super().__init__(backend)
+        self._handlers = handlers
+
+    async def _call(self, method: str, request: Any) -> Any:
+        try:
+            return await self._handlers[method].unary_unary(request, ForwardedContext(()))
+        except ForwardedError as e:
+            raise EtcdError(e.code, e.message) from None
+
+    async def txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
+        """A Txn where the router serves it."""
+        resp: rpc_pb2.TxnResponse = await self._call(f"{KV}Txn", req)
+        return resp
+
+    async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
+        """A linearizable read where the router serves it."""
+        resp: rpc_pb2.RangeResponse = await self._call(f"{KV}Range", req)
+        return resp
+
+    async def lease_grant(self, ttl: int) -> int:
+        """A lease granted by worker 0 (the leases' home)."""
+        resp = await self._call(f"{LEASE}LeaseGrant", rpc_pb2.LeaseGrantRequest(TTL=ttl))
+        return int(resp.ID)
 
 
 class WorkerRouter:

@@ -12,6 +12,7 @@ nothing; all of it under mutual TLS on the client and peer ports, and the node's
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -34,7 +35,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from accord.node.grpc_server import CLOCK_METADATA
 from accord.node.placement import WorkerPlan
 from accord.proto import rpc_pb2 as pb
-from accord.proto import rpc_pb2_grpc
+from accord.proto import (
+    rpc_pb2_grpc,
+    v3election_pb2,
+    v3election_pb2_grpc,
+    v3lock_pb2,
+    v3lock_pb2_grpc,
+)
 from accord.services.kv.sharding import shard_of
 from tests.compat.etcdctl import etcdctl
 from tests.integration.cluster import HOST, ClusterTLS, ProcCluster, ProcNode
@@ -495,6 +502,78 @@ def test_a_real_etcdctl_watch_through_any_endpoint_sees_both_workers_in_revision
         for proc in watchers:
             proc.kill()
             proc.communicate(timeout=10)
+
+
+def _name_on_worker(worker: int, prefix: str) -> bytes:
+    """A lock or election name whose keys (``name/...``) live on ``worker``'s shard."""
+    i = 0
+    while PLAN.worker_of_shard(shard_of(f"{prefix}{i}/x".encode(), SHARDS)) != worker:
+        i += 1
+    return f"{prefix}{i}".encode()
+
+
+def test_locks_and_elections_through_any_endpoint_of_two_workers(cluster: ProcCluster) -> None:
+    """v3lock and v3election through every member, whichever worker takes the call, for
+    names on either worker's shards (the recipes' Txns, Ranges and lease grants routed
+    as a client's, their waits watching across workers): a second Lock waits for the
+    first's Unlock, real ``etcdctl lock`` (etcd's client-side recipe: Txns, a watch,
+    a lease) queues behind a holder from another member, and an election's leader,
+    value, proclamation and resignation agree on every member."""
+    tls = cluster.tls
+    assert tls is not None
+    nodes = cluster.nodes
+    for worker in range(WORKERS):
+        for n in nodes:
+            n.close_channel()  # new connections: either worker may take them
+        name = _name_on_worker(worker, "lock")
+        leases = rpc_pb2_grpc.LeaseStub(nodes[0].channel())
+        lids = [int(retry(leases.LeaseGrant, pb.LeaseGrantRequest(TTL=60)).ID)  # type: ignore[attr-defined]
+                for _ in range(3)]
+        first = retry(v3lock_pb2_grpc.LockStub(nodes[1].channel()).Lock,
+                      v3lock_pb2.LockRequest(name=name, lease=lids[0]))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            second = pool.submit(v3lock_pb2_grpc.LockStub(nodes[2].channel()).Lock,
+                                 v3lock_pb2.LockRequest(name=name, lease=lids[1]), timeout=30)
+            time.sleep(1.0)
+            assert not second.done(), "a second Lock was granted while the first was held"
+            retry(v3lock_pb2_grpc.LockStub(nodes[0].channel()).Unlock,
+                  v3lock_pb2.UnlockRequest(key=first.key))  # type: ignore[attr-defined]
+            held = second.result(timeout=20)
+        assert held.key != first.key  # type: ignore[attr-defined]
+        # etcd's own client-side recipe queues behind the server-side holder.
+        proc = subprocess.Popen(
+            ["etcdctl", f"--endpoints={nodes[1].client_url}", *tls.etcdctl_flags(), "lock",
+             name.decode(), "echo", "got-it"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "ETCDCTL_API": "3"})
+        try:
+            time.sleep(1.5)
+            assert proc.poll() is None, proc.communicate()
+            retry(v3lock_pb2_grpc.LockStub(nodes[2].channel()).Unlock,
+                  v3lock_pb2.UnlockRequest(key=held.key))
+            out, err = proc.communicate(timeout=20)
+            assert proc.returncode == 0, err
+            assert out.split()[-1] == "got-it"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=10)
+        # An election on the same worker's shard.
+        ename = _name_on_worker(worker, "elect")
+        won = retry(v3election_pb2_grpc.ElectionStub(nodes[0].channel()).Campaign,
+                    v3election_pb2.CampaignRequest(name=ename, lease=lids[2], value=b"a"))
+        leader = won.leader  # type: ignore[attr-defined]
+        retry(v3election_pb2_grpc.ElectionStub(nodes[1].channel()).Proclaim,
+              v3election_pb2.ProclaimRequest(leader=leader, value=b"b"))
+        for n in nodes:
+            got = retry(v3election_pb2_grpc.ElectionStub(n.channel()).Leader,
+                        v3election_pb2.LeaderRequest(name=ename))
+            assert got.kv.value == b"b" and got.kv.key == leader.key, n.name  # type: ignore[attr-defined]
+        retry(v3election_pb2_grpc.ElectionStub(nodes[2].channel()).Resign,
+              v3election_pb2.ResignRequest(leader=leader))
+        with pytest.raises(grpc.RpcError):
+            v3election_pb2_grpc.ElectionStub(nodes[1].channel()).Leader(
+                v3election_pb2.LeaderRequest(name=ename), timeout=5)
 
 
 def test_nodes_of_two_workers_under_mutual_tls(cluster: ProcCluster) -> None:
