@@ -384,15 +384,34 @@ class ReplicatedBackend(StateMachineBackend):
     async def hash(self) -> int:
         return int(crc32c.crc32c(await self._image()))
 
-    async def move_leader(self, target_id: int) -> None:
-        host = self.node.host
+    async def image_crc(self, shards: Sequence[int], crc: int) -> int:
+        """The CRC-32C ``crc`` continued over ``shards``' images, each framed as
+        :meth:`_image` frames it (a node of several workers chains :meth:`hash` through
+        them, shard by shard)."""
+        for s in shards:
+            self._check_local(s)
+            blob = await asyncio.to_thread(self.machines[s].prepare_snapshot())
+            crc = int(crc32c.crc32c(msgpack.packb(blob, use_bin_type=True), crc))
+        return crc
+
+    def check_move_leader(self, target_id: int) -> None:
+        """etcd's refusals of a MoveLeader: this member does not lead (its home group),
+        or the target is itself or no voter."""
         if self._group.core.role != Role.LEADER:
             raise errors.NOT_LEADER
         if target_id not in self._group.core.conf_state.voters or target_id == self.node.member_id:
             raise errors.BAD_LEADER_TRANSFEREE
+
+    def transfer_leaders(self, target_id: int) -> None:
+        """Hand every group this process leads, and ``target_id`` votes in, to it."""
+        host = self.node.host
         for gid, g in host.groups.items():
             if g.core.role == Role.LEADER and target_id in g.core.conf_state.voters:
                 host.transfer_leader(gid, target_id)
+
+    async def move_leader(self, target_id: int) -> None:
+        self.check_move_leader(target_id)
+        self.transfer_leaders(target_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 5.0
         while loop.time() < deadline:

@@ -29,17 +29,20 @@ so that each etcd method is, on every worker alike:
 * **local** (reflection, gRPC health): each worker answers for itself (its health: its
   groups have leaders and the health key reads through its owner; its answers carry the
   node's clock for the peers' clock guards);
-* **across every worker** (KV ``Compact``, Maintenance ``HashKV``): every worker's
-  shards checked (etcd's ``compacted`` and ``future revision`` refusals, nothing
-  changed), then each worker compacts (``RevisionState``, ``CompactParts`` on the
-  forwarding socket) or hashes (``HashParts``) its own, as ``StateMachineBackend``
-  compacts every shard of one process and combines their hashes in shard order;
+* **across every worker** (KV ``Compact``, Maintenance ``HashKV``, ``Hash`` and
+  ``MoveLeader``): every worker's shards checked (etcd's ``compacted`` and ``future
+  revision`` refusals, nothing changed), then each worker compacts (``RevisionState``,
+  ``CompactParts`` on the forwarding socket) or hashes (``HashParts``) its own, as
+  ``StateMachineBackend`` compacts every shard of one process and combines their hashes
+  in shard order; a Hash is chained through the workers shard by shard (``HashChain``);
+  a MoveLeader is checked by worker 0 (whose home group's leader is the node's), then
+  every worker hands the groups it leads to the target (``Leaders``);
 * **served here, across workers** (Watch, v3lock, v3election): a watch over another
   worker's shards is fed by that worker and merged here in revision order
   (``workerwatch.py``); the lock and election recipes run here over the routed calls
   (:class:`RoutedLockStore`);
-* **refused** (everything else: member changes, hashes, snapshots, leader moves,
-  enabling auth, accord's own services):
+* **refused** (everything else: member changes, snapshots, enabling auth, accord's
+  own services):
   UNIMPLEMENTED with a message naming ``--workers``, never a partial answer from one
   worker's shards.
 
@@ -54,6 +57,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import crc32c
 import grpc
 import msgpack
 
@@ -101,6 +105,16 @@ COMPACT = f"{KV}Compact"
 HASH_PARTS = "/accord.worker/HashParts"
 """Internal: ``[revision, shards]`` -> ``[[hash, compaction], ...]`` of those shards."""
 HASH_KV = "/etcdserverpb.Maintenance/HashKV"
+HASH = "/etcdserverpb.Maintenance/Hash"
+HASH_CHAIN = "/accord.worker/HashChain"
+"""Internal: ``[shards, crc]`` -> the CRC-32C ``crc`` continued over those shards'
+images (``ReplicatedBackend.image_crc``): a Hash chained through the workers."""
+MOVE_LEADER = "/etcdserverpb.Maintenance/MoveLeader"
+LEADERS = "/accord.worker/Leaders"
+"""Internal: ``[target, step]`` -> step ``check``: etcd's refusals of a MoveLeader
+(worker 0: the node's leadership is its home group's); ``transfer``: hand the groups
+this worker leads to ``target``; ``move``: both, and wait for the home group's leader
+to be ``target`` (worker 0)."""
 COMMIT_ON = "/accord.worker/Commit"
 """Internal: ``[shard, command]`` -> what applying the format-3 ``command`` (a
 multi-shard Txn's step) or a lease's grant or revoke on that shard of the owner
@@ -222,6 +236,8 @@ class WorkerRouter:
         served[REVISION_STATE] = self._serve_revision_state
         served[COMPACT_PARTS] = self._serve_compact_parts
         served[HASH_PARTS] = self._serve_hash_parts
+        served[HASH_CHAIN] = self._serve_hash_chain
+        served[LEADERS] = self._serve_leaders
         served[COMMIT_ON] = self._serve_commit
         served[KEEPALIVE] = self._serve_keepalive
         served[LEASE_KEYS] = self._serve_lease_keys
@@ -243,6 +259,10 @@ class WorkerRouter:
                 handlers[method] = self._across(h, self.compact_across)
             elif method == HASH_KV:
                 handlers[method] = self._across(h, self.hash_kv_across)
+            elif method == HASH:
+                handlers[method] = self._across(h, self.hash_across)
+            elif method == MOVE_LEADER:
+                handlers[method] = self._across(h, self.move_leader_across)
             elif method in ROUTED:
                 handlers[method] = self._routed(method, h)
             elif method in ON_WORKER_0:
@@ -467,6 +487,75 @@ class WorkerRouter:
         revision, shards = _decode(body, 2)
         parts = await _etcd(self.local_hashes(int(revision), shards))
         return bytes(msgpack.packb([list(p) for p in parts]))
+
+    async def hash_across(self, _req: rpc_pb2.HashRequest) -> rpc_pb2.HashResponse:
+        """etcd's Hash of the node's whole store: the CRC-32C of every shard's image in
+        shard order, framed as a node of one process frames them
+        (``ReplicatedBackend._image``), chained through the workers shard by shard.
+        Each shard is captured when its turn comes, not all at one instant as in one
+        process: on a store being written, members (and calls) can differ, as etcd's
+        Hash of members at different revisions differs."""
+        n = self.plan.shards
+        crc = int(crc32c.crc32c(msgpack.packb(["accord-shards", [b""] * n],
+                                              use_bin_type=True)[:-2 * n]))
+        for s in range(n):
+            worker = self.plan.worker_of_shard(s)
+            if worker == self.index:
+                crc = await self.backend.image_crc([s], crc)
+            else:
+                crc = int(msgpack.unpackb(await self.clients[worker].call(
+                    HASH_CHAIN, msgpack.packb([[s], crc]), DEFAULT_TIMEOUT_S)))
+        return rpc_pb2.HashResponse(hash=crc)
+
+    async def _serve_hash_chain(self, body: bytes) -> bytes:
+        shards, crc = _decode(body, 2)
+        if not (isinstance(shards, list) and all(type(x) is int for x in shards)
+                and type(crc) is int):
+            raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 "a hash chain carries [shards, crc]")
+        return bytes(msgpack.packb(await _etcd(self.backend.image_crc(shards, crc))))
+
+    async def move_leader_across(self, req: rpc_pb2.MoveLeaderRequest) -> rpc_pb2.MoveLeaderResponse:
+        """etcd's MoveLeader for the whole node: refused as etcd refuses it unless this
+        member leads (worker 0's home group, the leader ``Status`` reports) and the target
+        is another voter; then every worker hands the groups it leads to the target, and
+        the call returns once worker 0's home group follows it."""
+        target = int(req.targetID)
+        await self._leaders(0, target, "check")
+        others = [w for w in range(self.plan.workers) if w != 0]
+        await asyncio.gather(*(self._leaders(w, target, "transfer") for w in others))
+        await self._leaders(0, target, "move")
+        return rpc_pb2.MoveLeaderResponse()
+
+    async def _leaders(self, worker: int, target: int, step: str) -> None:
+        if worker == self.index:
+            await self.local_leaders(target, step)
+            return
+        try:
+            await self.clients[worker].call(LEADERS, msgpack.packb([target, step]),
+                                            DEFAULT_TIMEOUT_S)
+        except ForwardedError as e:
+            raise EtcdError(e.code, e.message) from None
+
+    async def local_leaders(self, target: int, step: str) -> None:
+        """One step of :meth:`move_leader_across` on this worker."""
+        b = self.backend
+        if step == "check":
+            b.check_move_leader(target)
+        elif step == "transfer":
+            b.transfer_leaders(target)
+        elif step == "move":
+            await b.move_leader(target)
+        else:
+            raise errors.bad_request(f"unknown leadership step {step!r}")
+
+    async def _serve_leaders(self, body: bytes) -> bytes:
+        target, step = _decode(body, 2)
+        if type(target) is not int or not isinstance(step, str):
+            raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 "a leadership step carries [target, step]")
+        await _etcd(self.local_leaders(target, step))
+        return b""
 
     async def compact_across(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
         """``req`` on every shard of the node, each worker compacting its own: checked

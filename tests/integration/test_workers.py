@@ -207,7 +207,6 @@ def test_what_the_workers_cannot_do_is_refused_naming_the_flag(cluster: ProcClus
             unimplemented = {
                 "member add": _refused(rpc_pb2_grpc.ClusterStub(ch).MemberAdd,
                                        pb.MemberAddRequest(peerURLs=["http://127.0.0.1:1"])),
-                "hash": _refused(rpc_pb2_grpc.MaintenanceStub(ch).Hash, pb.HashRequest()),
                 "auth enable": _refused(rpc_pb2_grpc.AuthStub(ch).AuthEnable,
                                         pb.AuthEnableRequest()),
             }
@@ -383,6 +382,45 @@ def test_hashkv_agrees_on_every_member_and_follows_the_contents(cluster: ProcClu
     future = _refused(cluster.nodes[0].maintenance().HashKV,
                       pb.HashKVRequest(revision=later + (1 << 60)))
     assert future.code() == grpc.StatusCode.OUT_OF_RANGE and "future" in (future.details() or "")
+
+
+def test_hash_and_move_leader_through_any_endpoint_cover_both_workers(
+        cluster: ProcCluster) -> None:
+    """etcd's Hash on nodes of two workers hashes every shard of the node, whichever
+    worker answers (the same hash from both on a quiet store, another after a write to
+    either worker's shard); MoveLeader through the leader hands every group it leads,
+    in both workers, to the target (``etcdctl move-leader``; which groups move is
+    ``test_workers_router.py``'s), and through a follower is refused as etcd refuses it."""
+    tls = cluster.tls
+    assert tls is not None
+    node = cluster.nodes[0]
+    for worker in range(WORKERS):
+        key = keys_of_worker(worker, "/whole/", 1)[0]
+        retry(fresh_kv(node).Put, pb.PutRequest(key=key, value=b"v"))
+        seen = set()
+        for _ in range(6):  # fresh connections: both workers answer
+            node.close_channel()
+            seen.add(int(retry(node.maintenance().Hash, pb.HashRequest()).hash))  # type: ignore[attr-defined]
+        assert len(seen) == 1, seen
+        retry(fresh_kv(node).Put, pb.PutRequest(key=key, value=b"changed"))
+        node.close_channel()
+        assert int(retry(node.maintenance().Hash, pb.HashRequest()).hash) not in seen  # type: ignore[attr-defined]
+    endpoints = ",".join(n.client_url for n in cluster.nodes)
+    status = {s["Endpoint"]: s["Status"] for s in json.loads(etcdctl(
+        endpoints, *tls.etcdctl_flags(), "endpoint", "status", "-w", "json"))}
+    leader_id = next(iter(status.values()))["leader"]
+    leader = next(e for e, st in status.items() if st["header"]["member_id"] == leader_id)
+    follower = next(e for e in status if e != leader)
+    target = status[follower]["header"]["member_id"]
+    by_url = {n.client_url: n for n in cluster.nodes}
+    for _ in range(4):  # through either worker of a follower: etcd's refusal
+        by_url[follower].close_channel()
+        refused = _refused(by_url[follower].maintenance().MoveLeader,
+                           pb.MoveLeaderRequest(targetID=target))
+        assert "not leader" in (refused.details() or ""), refused
+    etcdctl(leader, *tls.etcdctl_flags(), "move-leader", f"{target:x}")
+    for n in cluster.nodes:  # every member sees the new leader
+        assert int(retry(n.maintenance().Status, pb.StatusRequest()).leader) == target  # type: ignore[attr-defined]
 
 
 @needs_prometheus

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import crc32c
 import grpc
 import msgpack
 import pytest
@@ -40,11 +41,19 @@ class StandInHost:
     local: Sequence[int]
     barriers: list[int] = field(default_factory=list)
     groups: dict[int, Any] = field(default_factory=dict)
+    transfers: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for s in self.local:
-            core = SimpleNamespace(term=1, leader_id=1, role=Role.LEADER)
+            core = SimpleNamespace(term=1, leader_id=1, role=Role.LEADER,
+                                   conf_state=SimpleNamespace(voters={1, 2, 3}))
             self.groups[kv_group(s)] = SimpleNamespace(core=core)
+
+    def transfer_leader(self, gid: int, target: int) -> None:
+        """Leadership handed over at once (member 1 is this node)."""
+        self.transfers.append((gid, target))
+        core = self.groups[gid].core
+        core.role, core.leader_id = Role.FOLLOWER, target
 
     def group(self, gid: int) -> Any:
         return self.groups[gid]
@@ -349,3 +358,42 @@ async def test_a_lease_granted_on_worker_0_is_known_on_every_workers_shards(
     assert await other.backend.lease_keepalive(lid) == 60
     ttl = await home.backend.lease_time_to_live(pb.LeaseTimeToLiveRequest(ID=lid, keys=True))
     assert list(ttl.keys) == [theirs]
+
+
+async def test_hash_covers_every_shard_of_both_workers_as_one_process_frames_it(
+        workers: list[Worker]) -> None:
+    """etcd's Hash through either worker: the CRC-32C of every shard's image in shard
+    order, framed as a node of one process frames its shards (``_image``), each image
+    from the shard's owner; a write on either worker's shard changes it."""
+    await fill(workers)
+
+    def one_process() -> int:
+        images = [workers[PLAN.worker_of_shard(s)].backend.machines[s].prepare_snapshot()()
+                  for s in range(SHARDS)]
+        return int(crc32c.crc32c(msgpack.packb(["accord-shards", images], use_bin_type=True)))
+
+    want = one_process()
+    for w in workers:
+        assert (await w.router.hash_across(pb.HashRequest())).hash == want
+    await workers[1].backend.put(pb.PutRequest(key=keys_of(1, 1)[0], value=b"changed"))
+    changed = one_process()
+    assert changed != want
+    assert (await workers[0].router.hash_across(pb.HashRequest())).hash == changed
+
+
+async def test_move_leader_hands_both_workers_groups_to_the_target(
+        workers: list[Worker]) -> None:
+    """MoveLeader through either worker: checked by worker 0 (its home group's leader is
+    the node's), then every group each worker leads handed to the target; once this
+    member leads nothing, refused as etcd refuses a follower, nothing handed over."""
+    with pytest.raises(EtcdError) as e:
+        await workers[1].router.move_leader_across(pb.MoveLeaderRequest(targetID=9))
+    assert "transferee" in e.value.message
+    assert not any(w.host.transfers for w in workers)
+    await workers[1].router.move_leader_across(pb.MoveLeaderRequest(targetID=2))
+    for k, w in enumerate(workers):
+        assert sorted(w.host.transfers) == [(kv_group(s), 2) for s in PLAN.shards_of(k)]
+    with pytest.raises(EtcdError) as e:
+        await workers[0].router.move_leader_across(pb.MoveLeaderRequest(targetID=3))
+    assert "not leader" in e.value.message
+    assert all(t == 2 for w in workers for _g, t in w.host.transfers)
