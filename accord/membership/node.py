@@ -150,16 +150,22 @@ class Membership:
         self._pump()
 
     async def leave(self, timeout: float | None = None) -> None:
-        """Announce a graceful leave and give gossip a moment to carry it (no moment
-        when no other member is alive or suspect: nobody is there to tell)."""
+        """Announce a graceful leave and let gossip carry it: until the leave has ridden
+        as many packets as gossip gives an update (``Protocol.leave_gossiped``), at most
+        ``timeout`` (no wait when no other member is alive or suspect: nobody is there
+        to tell)."""
         proto = self._require()
         alone = proto.live_count <= 1
-        proto.leave(asyncio.get_running_loop().time())
+        loop = asyncio.get_running_loop()
+        proto.leave(loop.time())
         self._pump()
         if alone:
             return
         wait = timeout if timeout is not None else 3 * max(self.config.gossip_interval, self.config.probe_interval / 2)
-        await asyncio.sleep(wait)
+        deadline = loop.time() + wait
+        step = max(0.005, self.config.gossip_interval / 4)
+        while not proto.leave_gossiped and (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(step, left))
 
     async def stop(self) -> None:
         """Stop everything (no leave message: call ``leave`` first for that)."""

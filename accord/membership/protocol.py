@@ -191,6 +191,13 @@ class SwimProtocol:
         self._dead(self.local_member.incarnation, self.name, self.name, now)
         self._gossip(now)
 
+    @property
+    def leave_gossiped(self) -> bool:
+        """Whether the leave announced by :meth:`leave` has ridden as many packets as
+        gossip gives an update (``retransmit_limit``): waiting longer carries it no
+        further (memberlist's ``Leave`` waits for the same)."""
+        return self._leaving and self._queue.pending(self.name) is None
+
     def use_decoded_packets(self, enabled: bool = True) -> None:
         """Emit packets as ``DecodedPacket`` (in ``Output.decoded``) instead of bytes.
 
