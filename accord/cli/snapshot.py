@@ -107,7 +107,7 @@ def _restore(args: argparse.Namespace) -> int:
     print(f"restored {snap.origin} backup (revision {done.revision}) into {done.data_dir} "
           f"for member {cfg.name} (id {done.member_id:x}): {len(done.groups)} groups, "
           f"{done.shards} shards; start it with `accord serve` and the same flags "
-          f"(--shards {done.shards})")
+          f"(--shards {done.shards}{f' --workers {cfg.workers}' if cfg.workers > 1 else ''})")
     return 0
 
 

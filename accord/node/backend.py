@@ -122,6 +122,9 @@ class ReplicatedBackend(StateMachineBackend):
         self.remote_lease_keys: Callable[[Sequence[int], int], Awaitable[list[bytes]]] | None = None
         """In a worker: how another worker's shards list a lease's keys
         (``WorkerRouter.lease_keys_across``)."""
+        self.remote_snapshot: Callable[[], Awaitable[tuple[int, bytes]]] | None = None
+        """In a worker: how the node's backup is gathered from every worker
+        (``WorkerBackups.snapshot``); None: refused."""
         self._home = KV_GROUP if self.local is None else kv_group(min(self.local))
         """The group whose Raft facts fill headers and Status: shard 0's, or a worker's
         first shard's where shard 0 is another worker's."""
@@ -348,6 +351,11 @@ class ReplicatedBackend(StateMachineBackend):
         waits out the multi-shard Txns open at or below R (``cut_revision``), captures,
         and cuts what the shards applied after R from their images: the backup holds
         exactly the keys at R, every Txn all or nothing (this needs each shard's quorum)."""
+        if self.local is not None:  # a worker: the other workers hold groups too
+            if self.remote_snapshot is None:
+                raise EtcdError(grpc.StatusCode.UNIMPLEMENTED,
+                                "a backup of a node of several workers needs its router")
+            return await self.remote_snapshot()
         kv_groups = list(self.groups)
         if self.shards > 1:
             rev = await self.cut_revision()

@@ -18,13 +18,14 @@ calls are forwarded: streams (Watch, LeaseKeepAlive) are a fan-out of their own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 import grpc
 import msgpack
 
 from accord.node.forward import ForwardClient, ForwardedError, Handler
+from accord.services.kv.errors import EtcdError
 
 DEFAULT_TIMEOUT_S = 30.0
 """Deadline for a forwarded call whose caller set none (an etcd client without one)."""
@@ -106,3 +107,24 @@ async def forward_unary(client: ForwardClient, method: str, request: Any,
     except ForwardedError as e:
         await context.abort(e.code, e.message)
     return deserialize(answer)
+
+
+def decode_fields(body: bytes, n: int) -> list[Any]:
+    """The body of an internal call between workers: a msgpack list of ``n`` fields
+    (anything else is refused with INVALID_ARGUMENT)."""
+    try:
+        fields = msgpack.unpackb(body)
+        if not isinstance(fields, list) or len(fields) != n:
+            raise ValueError(body[:40])
+        return fields
+    except Exception:
+        raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"an internal call between workers expected {n} fields") from None
+
+
+async def carried(call: Awaitable[Any]) -> Any:
+    """Await ``call``; an etcd error travels back over the socket as its status."""
+    try:
+        return await call
+    except EtcdError as e:
+        raise ForwardedError(e.code, e.message) from None

@@ -20,7 +20,11 @@ member's own snapshots leave it:
   taken (an etcd lease: its remaining TTL, or its TTL);
 * ``member`` and ``shards`` as ``accord serve`` writes them. A backup from a cluster of
   ``N`` shards restores as ``N`` shards (the node refuses another ``--shards`` later);
-  an etcd backup is split over ``--shards`` shards by the usual key rule.
+  an etcd backup is split over ``--shards`` shards by the usual key rule;
+* with ``--workers W`` (``docs/workers.md``), each worker's groups in its own directory
+  (``<data-dir>/worker-<k>``, as ``placement.py`` places them) and the worker count
+  recorded, as ``accord serve --workers W`` leaves them. A backup does not depend on the
+  worker count of the node that saved it: any backup restores as a node of any.
 
 An etcd backup (no ``accord`` bucket) brings its keys, their history since the last
 compaction and its leases (``etcdformat.from_etcd``); a new cluster starts the other
@@ -38,6 +42,7 @@ from pathlib import Path
 from accord.node.backend import kv_group
 from accord.node.config import Config, ConfigError
 from accord.node.members import META_GROUP
+from accord.node.placement import PlacementError, WorkerPlan, check_workers
 from accord.node.server import (
     check_shard_count,
     initial_table,
@@ -112,7 +117,30 @@ def restore_data_dir(snap: SnapshotFile, cfg: Config, *, shards_given: bool = Fa
     images[META_GROUP] = initial_table(cfg, shards).prepare_snapshot()()
     voters = tuple(sorted(cfg.member_ids().values()))
     meta = SnapshotMeta(RESTORE_INDEX, RESTORE_TERM, ConfState(voters=voters))
+    placed = {data_dir: images}
+    plan = None
+    if cfg.workers > 1:  # each worker's groups in its own directory (docs/workers.md)
+        try:
+            plan = WorkerPlan(cfg.workers, shards)
+            placed = {plan.data_dir(data_dir, k): {g: images[g] for g in images
+                                                   if plan.worker_of_group(g) == k}
+                      for k in range(cfg.workers)}
+        except PlacementError as e:
+            raise ConfigError(str(e)) from None
     make_dir_durably(data_dir)  # a power cut after the restore must not take it
+    if plan is not None:
+        check_workers(data_dir, plan.workers)  # recorded first, in the empty directory
+    for where, theirs in placed.items():
+        make_dir_durably(where)
+        _write_groups(where, theirs, meta)
+        check_shard_count(where, shards)
+        write_member_file(where, cfg.member_id, False)
+    return Restored(data_dir, cfg.member_id, shards, snap.revision, tuple(sorted(images)))
+
+
+def _write_groups(data_dir: Path, images: dict[int, bytes], meta: SnapshotMeta) -> None:
+    """``images`` as Raft snapshots at ``meta`` in ``data_dir``, and a WAL that records
+    them installed and committed."""
     store = SnapshotStore(data_dir / "snap")
     for gid in sorted(images):
         with store.writer(gid, meta) as w:
@@ -127,6 +155,3 @@ def restore_data_dir(snap: SnapshotFile, cfg: Config, *, shards_given: bool = Fa
         wal.append_sync(batch)
     finally:
         wal.close()
-    check_shard_count(data_dir, shards)
-    write_member_file(data_dir, cfg.member_id, False)
-    return Restored(data_dir, cfg.member_id, shards, snap.revision, tuple(sorted(images)))

@@ -37,12 +37,13 @@ so that each etcd method is, on every worker alike:
   in shard order; a Hash is chained through the workers shard by shard (``HashChain``);
   a MoveLeader is checked by worker 0 (whose home group's leader is the node's), then
   every worker hands the groups it leads to the target (``Leaders``);
-* **served here, across workers** (Watch, v3lock, v3election): a watch over another
-  worker's shards is fed by that worker and merged here in revision order
+* **served here, across workers** (Watch, v3lock, v3election, Snapshot): a watch over
+  another worker's shards is fed by that worker and merged here in revision order
   (``workerwatch.py``); the lock and election recipes run here over the routed calls
-  (:class:`RoutedLockStore`);
-* **refused** (everything else: member changes, snapshots, enabling auth, accord's
-  own services):
+  (:class:`RoutedLockStore`); a backup is gathered from every worker at one cut
+  (``workerbackup.py``);
+* **refused** (everything else: member changes, enabling auth, accord's own
+  services):
   UNIMPLEMENTED with a message naming ``--workers``, never a partial answer from one
   worker's shards.
 
@@ -67,10 +68,13 @@ from accord.node.forward import ForwardClient, ForwardedError, Handler
 from accord.node.forwardgrpc import (
     DEFAULT_TIMEOUT_S,
     ForwardedContext,
+    carried,
+    decode_fields,
     forward_unary,
     owner_handlers,
 )
 from accord.node.placement import WorkerPlan
+from accord.node.workerbackup import WorkerBackups
 from accord.node.workerwatch import WatchFeeds, WatchLinks
 from accord.proto import rpc_pb2
 from accord.services.kv import errors, fanout, sharding, xcommands, xresults, xtxn
@@ -128,10 +132,12 @@ WATCH = "/etcdserverpb.Watch/Watch"
 LOCKS = {*(f"/v3lockpb.Lock/{m}" for m in ("Lock", "Unlock")),
          *(f"/v3electionpb.Election/{m}" for m in (
              "Campaign", "Proclaim", "Leader", "Observe", "Resign"))}
-SERVED_HERE = {f"{LEASE}LeaseKeepAlive", WATCH, *LOCKS}
+SNAPSHOT = "/etcdserverpb.Maintenance/Snapshot"
+SERVED_HERE = {f"{LEASE}LeaseKeepAlive", WATCH, SNAPSHOT, *LOCKS}
 """Served by this worker's own handler: a keepalive's backend commits on shard 0's
 worker, a watch's hub watches the other workers' shards through them (``workerwatch``),
-the lock and election recipes run over the routed calls (:class:`RoutedLockStore`)."""
+the lock and election recipes run over the routed calls (:class:`RoutedLockStore`), a
+backup's is gathered from every worker (``workerbackup.py``)."""
 
 ROUTED = {f"{KV}Range", f"{KV}Put", f"{KV}DeleteRange", f"{KV}Txn"}
 ON_WORKER_0 = {
@@ -248,6 +254,10 @@ class WorkerRouter:
         self.links = WatchLinks(self.plan, self.index, self.clients,
                                 self.backend.sm.limits.watch_buffer_events)
         hub.remote = self.links
+        self.backups = WorkerBackups(self.plan, self.index, self.backend, self.clients,
+                                     self._tops)
+        served.update(self.backups.handlers())
+        self.backend.remote_snapshot = self.backups.snapshot
         self.backend.remote = self.remote_commit
         self.backend.remote_keepalive = self.keepalive_on_home
         self.backend.remote_lease_keys = self.lease_keys_across
@@ -376,13 +386,13 @@ class WorkerRouter:
         return xresults.unpack(raw)
 
     async def _serve_commit(self, body: bytes) -> bytes:
-        shard, command = _decode(body, 2)
+        shard, command = decode_fields(body, 2)
         if not isinstance(command, bytes) or not (xcommands.is_cross_shard(command)
                                                   or spreads_to_every_shard(command)):
             raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
                                  "an internal commit carries only a multi-shard Txn's step "
                                  "or a lease's grant or revoke")
-        return xresults.pack(await _etcd(self.local_commit(command, int(shard))))
+        return xresults.pack(await carried(self.local_commit(command, int(shard))))
 
     # -- leases: their home is shard 0's worker --------------------------------
 
@@ -403,7 +413,7 @@ class WorkerRouter:
             raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
                                  "an internal keepalive carries a lease id") from None
         self.backend._check_local(0)
-        return bytes(msgpack.packb(await _etcd(self.backend.lease_keepalive(lease_id))))
+        return bytes(msgpack.packb(await carried(self.backend.lease_keepalive(lease_id))))
 
     async def lease_keys_across(self, shards: Sequence[int], lease_id: int) -> list[bytes]:
         """A lease's keys on other workers' ``shards``, each asked of its worker."""
@@ -419,10 +429,10 @@ class WorkerRouter:
         return [k for part in parts for k in part]
 
     async def _serve_lease_keys(self, body: bytes) -> bytes:
-        lease_id, shards = _decode(body, 2)
+        lease_id, shards = decode_fields(body, 2)
         for s in shards:
             self.backend._check_local(int(s))
-        keys = await _etcd(self.backend.lease_keys_on([int(s) for s in shards], int(lease_id)))
+        keys = await carried(self.backend.lease_keys_on([int(s) for s in shards], int(lease_id)))
         return bytes(msgpack.packb(keys))
 
     async def local_commit(self, command: bytes, shard: int) -> Any:
@@ -484,8 +494,8 @@ class WorkerRouter:
         return self.backend.shard_hashes(revision, shards)
 
     async def _serve_hash_parts(self, body: bytes) -> bytes:
-        revision, shards = _decode(body, 2)
-        parts = await _etcd(self.local_hashes(int(revision), shards))
+        revision, shards = decode_fields(body, 2)
+        parts = await carried(self.local_hashes(int(revision), shards))
         return bytes(msgpack.packb([list(p) for p in parts]))
 
     async def hash_across(self, _req: rpc_pb2.HashRequest) -> rpc_pb2.HashResponse:
@@ -508,12 +518,12 @@ class WorkerRouter:
         return rpc_pb2.HashResponse(hash=crc)
 
     async def _serve_hash_chain(self, body: bytes) -> bytes:
-        shards, crc = _decode(body, 2)
+        shards, crc = decode_fields(body, 2)
         if not (isinstance(shards, list) and all(type(x) is int for x in shards)
                 and type(crc) is int):
             raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
                                  "a hash chain carries [shards, crc]")
-        return bytes(msgpack.packb(await _etcd(self.backend.image_crc(shards, crc))))
+        return bytes(msgpack.packb(await carried(self.backend.image_crc(shards, crc))))
 
     async def move_leader_across(self, req: rpc_pb2.MoveLeaderRequest) -> rpc_pb2.MoveLeaderResponse:
         """etcd's MoveLeader for the whole node: refused as etcd refuses it unless this
@@ -550,11 +560,11 @@ class WorkerRouter:
             raise errors.bad_request(f"unknown leadership step {step!r}")
 
     async def _serve_leaders(self, body: bytes) -> bytes:
-        target, step = _decode(body, 2)
+        target, step = decode_fields(body, 2)
         if type(target) is not int or not isinstance(step, str):
             raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
                                  "a leadership step carries [target, step]")
-        await _etcd(self.local_leaders(target, step))
+        await carried(self.local_leaders(target, step))
         return b""
 
     async def compact_across(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
@@ -600,13 +610,13 @@ class WorkerRouter:
         return await self.backend.compact_shards(req, shards)
 
     async def _serve_revision_state(self, body: bytes) -> bytes:
-        (shards,) = _decode(body, 1)
-        return bytes(msgpack.packb(list(await _etcd(self.local_revision_state(shards)))))
+        (shards,) = decode_fields(body, 1)
+        return bytes(msgpack.packb(list(await carried(self.local_revision_state(shards)))))
 
     async def _serve_compact_parts(self, body: bytes) -> bytes:
-        raw, shards = _decode(body, 2)
+        raw, shards = decode_fields(body, 2)
         req = rpc_pb2.CompactionRequest.FromString(raw)
-        return bytes(msgpack.packb(await _etcd(self.local_compact(req, shards))))
+        return bytes(msgpack.packb(await carried(self.local_compact(req, shards))))
 
     # -- a range across workers ----------------------------------------------
 
@@ -757,40 +767,21 @@ class WorkerRouter:
         return out
 
     async def _serve_txn_compares(self, body: bytes) -> bytes:
-        raw, shards, rev, fenced = _decode(body, 4)
-        rows, compact = await _etcd(self.local_txn_compares(raw, shards, int(rev), int(fenced)))
+        raw, shards, rev, fenced = decode_fields(body, 4)
+        rows, compact = await carried(self.local_txn_compares(raw, shards, int(rev), int(fenced)))
         return bytes(msgpack.packb([rows, compact]))
 
     async def _serve_txn_reads(self, body: bytes) -> bytes:
-        raw, shards, rev, path = _decode(body, 4)
-        return bytes(msgpack.packb(await _etcd(self.local_txn_reads(raw, shards, int(rev),
+        raw, shards, rev, path = decode_fields(body, 4)
+        return bytes(msgpack.packb(await carried(self.local_txn_reads(raw, shards, int(rev),
                                                                     path))))
 
     async def _serve_tops(self, body: bytes) -> bytes:
-        shards, barrier = _decode(body, 2)
-        return bytes(msgpack.packb(await _etcd(self.local_tops(shards, bool(barrier)))))
+        shards, barrier = decode_fields(body, 2)
+        return bytes(msgpack.packb(await carried(self.local_tops(shards, bool(barrier)))))
 
     async def _serve_parts(self, body: bytes) -> bytes:
-        raw, shards, rev, fenced = _decode(body, 4)
+        raw, shards, rev, fenced = decode_fields(body, 4)
         req = rpc_pb2.RangeRequest.FromString(raw)
-        parts = await _etcd(self.local_parts(req, shards, int(rev), int(fenced)))
+        parts = await carried(self.local_parts(req, shards, int(rev), int(fenced)))
         return bytes(msgpack.packb([p.SerializeToString() for p in parts]))
-
-
-def _decode(body: bytes, n: int) -> list[Any]:
-    try:
-        fields = msgpack.unpackb(body)
-        if not isinstance(fields, list) or len(fields) != n:
-            raise ValueError(body[:40])
-        return fields
-    except Exception:
-        raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"an internal range step expected {n} fields") from None
-
-
-async def _etcd(call: Awaitable[Any]) -> Any:
-    """Await ``call``; an etcd error travels back as its status."""
-    try:
-        return await call
-    except EtcdError as e:
-        raise ForwardedError(e.code, e.message) from None

@@ -204,3 +204,81 @@ def test_an_etcd_backup_starts_an_accord_cluster(tmp_path: Path) -> None:
         assert 0 < ttl.TTL and list(ttl.keys) == [b"held"]
     finally:
         c.stop_all()
+
+
+def test_a_backup_of_nodes_of_two_workers_restores_a_cluster_of_them(tmp_path: Path) -> None:
+    """``accord snapshot save`` through a node of two worker processes (``--workers 2``,
+    docs/workers.md) gathers every worker's groups at one cut, while Txns over both
+    workers' shards go on; a new cluster of such nodes restored from the file (``accord
+    snapshot restore --workers 2``: each worker's groups in its own directory) serves
+    exactly the keys of the backup's revision, its lease, and new writes after it."""
+    flags = ("--shards", "4")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old = ProcCluster(tmp_path / "old", 3, workers=2, extra=flags)
+    backup = tmp_path / "backup.db"
+    try:
+        old.start_all()
+        n1 = old.nodes[0]
+        grant = rpc_pb2_grpc.LeaseStub(n1.channel()).LeaseGrant(
+            rpc_pb2.LeaseGrantRequest(TTL=600), timeout=10)
+        n1.kv().Put(rpc_pb2.PutRequest(key=b"/svc/held", value=b"by-lease", lease=grant.ID),
+                    timeout=10)
+        for i in range(40):
+            old.put(b"/data/%d/x" % i, b"v%d" % i)
+        stop, count = threading.Event(), [0]
+        writer = threading.Thread(target=_txn_writer, args=(old, stop, count))
+        writer.start()
+        try:
+            while count[0] < 10:
+                time.sleep(0.05)
+            saved = accord("snapshot", "save", str(backup), "--endpoints", old.nodes[1].endpoint)
+            before = count[0]
+            while count[0] < before + 10:  # Txns go on after the backup
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            writer.join(30)
+        assert saved.returncode == 0, saved.stderr
+        snap = snapfile.decode(backup.read_bytes())
+        expected = _all_keys(old, snap.revision)
+        assert _all_keys(old) != expected
+        pairs = {row[0]: row for row in expected if row[0].startswith(b"/pair/")}
+        for i in range(4):  # each Txn whole: both its keys at one revision, or neither
+            a, b = pairs.get(b"/pair/a%d" % i), pairs.get(b"/pair/b%d" % i)
+            assert (a is None) == (b is None) and (a is None or a[3] == b[3]), (a, b)  # type: ignore[index]
+    finally:
+        for node in old.nodes:
+            old.kill(node)
+    new = ProcCluster(tmp_path / "new", 3, workers=2, extra=flags)
+    for node in new.nodes:
+        out = accord("snapshot", "restore", str(backup), "--name", node.name, "--workers", "2",
+                     "--data-dir", str(node.data_dir), "--initial-cluster", new.initial)
+        assert out.returncode == 0, out.stderr
+        assert sorted(p.name for p in node.data_dir.iterdir()) == ["worker-0", "worker-1",
+                                                                   "workers"]
+    try:
+        new.start_all()
+        assert _all_keys(new) == expected
+        ttl = rpc_pb2_grpc.LeaseStub(new.nodes[2].channel()).LeaseTimeToLive(
+            rpc_pb2.LeaseTimeToLiveRequest(ID=grant.ID, keys=True), timeout=10)
+        assert 0 < ttl.TTL <= 600 and b"/svc/held" in list(ttl.keys)
+        assert new.put(b"after-restore", b"x") > snap.revision
+    finally:
+        new.stop_all()
+
+
+def _txn_writer(c: ProcCluster, stop: threading.Event, count: list[int]) -> None:
+    """Txns putting ``/pair/a<i>`` and ``/pair/b<i>`` together (keys of several shards)."""
+    for i in range(20_000):  # bounded; stopped by the event long before
+        if stop.is_set():
+            return
+        node = c.nodes[i % 3]
+        j = i % 4
+        try:
+            node.kv().Txn(rpc_pb2.TxnRequest(success=[
+                rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=k, value=b"t%d" % i))
+                for k in (b"/pair/a%d" % j, b"/pair/b%d" % j)]), timeout=5)
+            count[0] += 1
+        except grpc.RpcError:
+            time.sleep(0.05)

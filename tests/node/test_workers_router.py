@@ -23,6 +23,7 @@ from accord.node.placement import WorkerPlan, shard_of_group
 from accord.node.workers import WorkerRouter
 from accord.proto import rpc_pb2 as pb
 from accord.raft.core.types import Role
+from accord.services.cluster import snapfile
 from accord.services.cluster.alarms import AlarmTable
 from accord.services.kv import fanout
 from accord.services.kv.errors import EtcdError
@@ -47,7 +48,7 @@ class StandInHost:
         for s in self.local:
             core = SimpleNamespace(term=1, leader_id=1, role=Role.LEADER,
                                    conf_state=SimpleNamespace(voters={1, 2, 3}))
-            self.groups[kv_group(s)] = SimpleNamespace(core=core)
+            self.groups[kv_group(s)] = SimpleNamespace(core=core, sm=self.machines[s])
 
     def transfer_leader(self, gid: int, target: int) -> None:
         """Leadership handed over at once (member 1 is this node)."""
@@ -397,3 +398,45 @@ async def test_move_leader_hands_both_workers_groups_to_the_target(
         await workers[0].router.move_leader_across(pb.MoveLeaderRequest(targetID=3))
     assert "not leader" in e.value.message
     assert all(t == 2 for w in workers for _g, t in w.host.transfers)
+
+
+async def test_a_backup_through_either_worker_holds_both_workers_shards_at_one_cut(
+        workers: list[Worker]) -> None:
+    """A Snapshot through either worker (``workerbackup.py``): every shard captured by
+    its owner, cut back to one revision at or above every write before it, a write
+    after it absent; the file is a node of one process's (``snapfile``), every KV shard
+    in it. The broken variant captures the other worker's shards from this worker's
+    empty copies: their keys are missing."""
+    revs = await fill(workers)
+    for k, w in enumerate(workers):
+        rev, blob = await w.backend.snapshot()
+        assert rev >= max(revs.values())
+        snap = snapfile.decode(blob)
+        assert snap.revision == rev
+        assert snap.kv_groups == tuple(kv_group(s) for s in range(SHARDS))
+        got = {}
+        for gid in snap.kv_groups:
+            m = KVStateMachine()
+            m.restore(snap.groups[gid])
+            got.update({kv.key: kv.mod_revision for kv in m.range(EVERY).kvs})
+        assert got == revs, k
+    later = await workers[1].backend.put(pb.PutRequest(key=keys_of(1, 1)[0], value=b"later"))
+    rev, blob = await workers[0].backend.snapshot()
+    assert rev >= later.header.revision
+
+    async def from_empty_copies(rev: int) -> dict[int, bytes]:
+        b = workers[0].backend
+        return {kv_group(s): KVStateMachine.image_at(b.machines[s].prepare_snapshot()(), rev)
+                for s in range(SHARDS)}
+
+    workers[0].router.backups.local_capture = from_empty_copies  # type: ignore[method-assign]
+    workers[0].router.backups._capture = (  # type: ignore[method-assign]
+        lambda _worker, rev: from_empty_copies(rev))
+    _rev, blob = await workers[0].backend.snapshot()
+    snap = snapfile.decode(blob)
+    keys = set()
+    for gid in snap.kv_groups:
+        m = KVStateMachine()
+        m.restore(snap.groups[gid])
+        keys.update(kv.key for kv in m.range(EVERY).kvs)
+    assert keys != set(revs)
