@@ -12,8 +12,10 @@ The two ends of a forwarded etcd call in a node of several workers (``docs/worke
   ``ForwardedContext`` whose ``abort`` raises the status to carry back.
 
 The envelope inside ``forward.py``'s body is msgpack ``[request, metadata]`` where
-``metadata`` is the call's invocation metadata as ``[key, value]`` pairs. Only unary
-calls are forwarded: streams (Watch, LeaseKeepAlive) are a fan-out of their own.
+``metadata`` is the call's invocation metadata as ``[key, value]`` pairs. Unary calls
+are forwarded here; a server stream of worker 0's services is pulled from it
+(``forwardstream.py``), and the etcd streams (Watch, LeaseKeepAlive) are a fan-out of
+their own (``workerwatch.py``, ``workers.py``).
 """
 
 from __future__ import annotations

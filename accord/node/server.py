@@ -55,7 +55,7 @@ from typing import Any
 import grpc
 
 from accord.locks.recipe import holder as lock_holder
-from accord.locks.store import BackendLockStore
+from accord.locks.store import BackendLockStore, LockStore
 from accord.node import logs, metacopy
 from accord.node.auth import auth_guard, auth_machine
 from accord.node.backend import KV_GROUP, ReplicatedBackend, kv_group
@@ -379,7 +379,10 @@ class Node:
 
     async def _checkpoint_lock_holder(self, job: str) -> int | None:
         """The fencing token of the holder of ``job``'s coordinator lock now (linearizable)."""
-        resp = await lock_holder(BackendLockStore(self.backend), lock_name(job))
+        store: LockStore = BackendLockStore(self.backend)
+        if self.router is not None and self.grpc is not None:  # a worker: routed calls
+            store = RoutedLockStore(self.backend, self.grpc.methods.handlers)
+        resp = await lock_holder(store, lock_name(job))
         return int(resp.kvs[0].create_revision) if resp.kvs else None
 
     # transport callbacks go through the node so they can be bound before the host exists

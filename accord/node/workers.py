@@ -42,8 +42,11 @@ so that each etcd method is, on every worker alike:
   (``workerwatch.py``); the lock and election recipes run here over the routed calls
   (:class:`RoutedLockStore`); a backup is gathered from every worker at one cut
   (``workerbackup.py``);
-* **refused** (everything else: member changes, enabling auth, accord's own
-  services):
+* **on worker 0, across workers** (accord's own services: the scheduler, checkpoint
+  manifests, SWIM membership): served by worker 0, which hosts their groups and SWIM;
+  the others forward their unary calls and pull their server streams
+  (``forwardstream.py``);
+* **refused** (everything else: member changes, enabling auth, the debug report):
   UNIMPLEMENTED with a message naming ``--workers``, never a partial answer from one
   worker's shards.
 
@@ -55,7 +58,7 @@ commit steps, and the feeds of watches other workers hold over its shards.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import crc32c
@@ -73,10 +76,11 @@ from accord.node.forwardgrpc import (
     forward_unary,
     owner_handlers,
 )
+from accord.node.forwardstream import StreamOwner, StreamPuller
 from accord.node.placement import WorkerPlan
 from accord.node.workerbackup import WorkerBackups
 from accord.node.workerwatch import WatchFeeds, WatchLinks
-from accord.proto import rpc_pb2
+from accord.proto import checkpoints_pb2, membership_pb2, rpc_pb2, scheduling_pb2
 from accord.services.kv import errors, fanout, sharding, xcommands, xresults, xtxn
 from accord.services.kv.backend import check_compaction, check_hash_revision
 from accord.services.kv.codec import spreads_to_every_shard
@@ -139,6 +143,13 @@ worker, a watch's hub watches the other workers' shards through them (``workerwa
 the lock and election recipes run over the routed calls (:class:`RoutedLockStore`), a
 backup's is gathered from every worker (``workerbackup.py``)."""
 
+NODE_SERVICES = {
+    f"/{svc.full_name}/{m.name}": m.server_streaming
+    for module in (scheduling_pb2, checkpoints_pb2, membership_pb2)
+    for svc in module.DESCRIPTOR.services_by_name.values() for m in svc.methods}
+"""accord's own services (method -> whether the server streams): served by worker 0,
+which hosts their groups and SWIM; the other workers forward unary calls to it and pull
+its streams (``forwardstream.py``)."""
 ROUTED = {f"{KV}Range", f"{KV}Put", f"{KV}DeleteRange", f"{KV}Txn"}
 ON_WORKER_0 = {
     *(f"{LEASE}{m}" for m in ("LeaseGrant", "LeaseRevoke", "LeaseTimeToLive", "LeaseLeases")),
@@ -234,7 +245,11 @@ class WorkerRouter:
         internal range steps."""
         local = dict(handlers)
         served: dict[str, Handler] = owner_handlers(
-            {m: h for m, h in local.items() if m in ROUTED or m in ON_WORKER_0})
+            {m: h for m, h in local.items()
+             if m in ROUTED or m in ON_WORKER_0 or m in NODE_SERVICES})
+        self.streams = StreamOwner(handlers)
+        served.update(self.streams.handlers())
+        self._puller = StreamPuller(self.index)
         served[RANGE_TOPS] = self._serve_tops
         served[RANGE_PARTS] = self._serve_parts
         served[TXN_COMPARES] = self._serve_txn_compares
@@ -265,6 +280,8 @@ class WorkerRouter:
         for method, h in local.items():
             if method.startswith(LOCAL_PREFIXES) or method in SERVED_HERE:
                 continue
+            if method in NODE_SERVICES and self.index == 0:
+                continue  # worker 0 hosts them
             if method == COMPACT:
                 handlers[method] = self._across(h, self.compact_across)
             elif method == HASH_KV:
@@ -289,7 +306,32 @@ class WorkerRouter:
         server's other handlers."""
         if method.startswith(LOCAL_PREFIXES) or method == WATCH:
             return None
+        if method in NODE_SERVICES and self.index != 0:
+            return self._to_worker_0(method, NODE_SERVICES[method])
         return _refusing(grpc.StatusCode.UNIMPLEMENTED, refusal(method, self.plan.workers))
+
+    def _to_worker_0(self, method: str, streaming: bool) -> grpc.RpcMethodHandler:
+        """A handler (serialized bytes in and out) serving ``method`` in worker 0: a
+        unary call forwarded, a server stream pulled (``forwardstream.py``)."""
+        client = self.clients[0]
+        if streaming:
+            async def pull(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+                self.forwarded += 1
+                async for item in self._puller.pull(client, method, raw, context):
+                    yield item
+            return grpc.unary_stream_rpc_method_handler(pull)
+
+        async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            self.forwarded += 1
+            metadata = [[k, v] for k, v in (context.invocation_metadata() or ())]
+            left = context.time_remaining()
+            try:
+                return await client.call(method, msgpack.packb([raw, metadata]),
+                                         DEFAULT_TIMEOUT_S if left is None else max(left, 0.001))
+            except ForwardedError as e:
+                await context.abort(e.code, e.message)
+                raise  # abort raises
+        return grpc.unary_unary_rpc_method_handler(unary)
 
     def _forwarding(self, method: str, h: grpc.RpcMethodHandler,
                     owner_of: Callable[[Any], int]) -> grpc.RpcMethodHandler:

@@ -11,6 +11,7 @@ nothing; all of it under mutual TLS on the client and peer ports, and the node's
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import concurrent.futures
 import contextlib
@@ -26,12 +27,15 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from accord.client import AccordClient, ClientError, JobSpec
+from accord.client.checkpoint_writer import CheckpointCoordinator
 from accord.node.grpc_server import CLOCK_METADATA
 from accord.node.placement import WorkerPlan
 from accord.proto import rpc_pb2 as pb
@@ -42,7 +46,10 @@ from accord.proto import (
     v3lock_pb2,
     v3lock_pb2_grpc,
 )
+from accord.services.checkpoints.checksum import of_bytes
 from accord.services.kv.sharding import shard_of
+from accord.services.scheduling.servicer import node_to_pb
+from accord.services.scheduling.topology import make_node
 from tests.compat.etcdctl import etcdctl
 from tests.integration.cluster import HOST, ClusterTLS, ProcCluster, ProcNode
 from tests.integration.test_prometheus import Prometheus, needs_prometheus
@@ -612,6 +619,61 @@ def test_locks_and_elections_through_any_endpoint_of_two_workers(cluster: ProcCl
         with pytest.raises(grpc.RpcError):
             v3election_pb2_grpc.ElectionStub(nodes[1].channel()).Leader(
                 v3election_pb2.LeaderRequest(name=ename), timeout=5)
+
+
+async def test_accords_own_services_through_any_endpoint_of_two_workers(
+        cluster: ProcCluster) -> None:
+    """The GPU scheduler, checkpoint manifests and SWIM membership, whose groups and SWIM
+    live in worker 0, through every member and either worker (the other forwards their
+    unary calls to worker 0 and pulls their streams from it, ``forwardstream.py``): a
+    GPU node registered and a job placed on it, its placement and finish seen on a
+    ``WatchPlacements`` stream; a checkpoint committed by a fenced coordinator (its lock
+    taken through the KV, the fence checked through the routed lock store) and seen on a
+    ``WatchLatest`` stream; the SWIM members listed."""
+    tls = cluster.tls
+    assert tls is not None
+    for i, node in enumerate(cluster.nodes):
+        for attempt in range(2):  # new clients, new connections: either worker
+            tag = f"{node.name}-{attempt}"
+            async with AccordClient([node.endpoint], tls=tls.client_options) as c:
+                name = await c.scheduler.register_node(node_to_pb(make_node(f"gpu-{tag}", gpus=2)))
+                await c.scheduler.heartbeat(name)
+                async with c.scheduler.watch_placements() as events:
+                    job_id = await c.scheduler.submit(JobSpec(tasks=1, devices_per_task=1))
+
+                    async def next_of(kind: str, events: Any = events, job_id: str = job_id) -> Any:
+                        async for ev in events:
+                            if ev.job_id == job_id and ev.kind == kind:
+                                return ev
+                        raise AssertionError("placement stream ended")
+
+                    placed = await asyncio.wait_for(next_of("placed"), 30)
+                    assert placed.tasks and placed.tasks[0].devices
+                    await c.scheduler.job_finished(job_id)
+                    await asyncio.wait_for(next_of("finished"), 30)
+                assert (await c.scheduler.get(job_id)).status == "succeeded"
+                await c.scheduler.drain(name)
+                job = f"ckpt-{tag}"
+                async with CheckpointCoordinator(c, job, ttl=30) as coord:
+                    latest = c.checkpoints.watch_latest(job)
+                    assert await asyncio.wait_for(anext(latest), 30) is None  # nothing yet
+                    await coord.begin(7, layout={"world_size": 1}, expected=[("rank-0", 0)])
+                    await c.checkpoints.register_shards(job, 7, coord.token, [_ckpt_shard(job)])
+                    await coord.commit(7)
+                    seen = await asyncio.wait_for(anext(latest), 30)
+                    assert seen == 7
+                    await latest.aclose()
+                    with pytest.raises(ClientError):  # a stale token is refused
+                        await c.checkpoints.commit(job, 7, coord.token - 1)
+                view = await c.membership.members()
+                assert len(view.members) >= 3, (i, view)
+
+
+def _ckpt_shard(job: str) -> dict[str, object]:
+    body = f"{job}/rank-0".encode()
+    return {"shard_id": "rank-0", "rank": 0, "size": len(body),
+            "checksum": list(of_bytes(body).to_wire()), "uri": f"file:///ckpt/{job}/rank-0",
+            "tensors": [["w", [8], [0], [8], "float32"]]}
 
 
 def test_nodes_of_two_workers_under_mutual_tls(cluster: ProcCluster) -> None:
