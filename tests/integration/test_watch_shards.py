@@ -14,6 +14,10 @@ revision of its own, and a put acknowledged before another started has the lower
   writers write;
 * with one member down (killed -9 before the watch starts) the watch runs against the
   other two and still delivers every event once.
+
+Each on nodes of one process and on nodes of two worker processes (``--workers 2``: the
+watch merges its worker's shards with the other worker's, fed over the node's
+forwarding socket).
 """
 
 from __future__ import annotations
@@ -69,9 +73,11 @@ def _partitions() -> list[bytes]:
 PARTS = _partitions()
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path, 3, extra=("--shards", str(SHARDS)))
+@pytest.fixture(params=[1, 2], ids=["one-process", "two-workers"])
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcCluster]:
+    """Three members; with two workers, a watch through a member is merged from both of
+    its workers' shards (``node/workerwatch.py``)."""
+    c = ProcCluster(tmp_path, 3, workers=request.param, extra=("--shards", str(SHARDS)))
     try:
         for n in c.nodes:  # start_all, with the longer waits a loaded machine needs
             c.start(n)

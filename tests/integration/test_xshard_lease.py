@@ -28,9 +28,13 @@ SHARDS = 8
 PREFIX = b"/lr/"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("xlease"), 3, extra=("--shards", str(SHARDS)))
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-workers"])
+def cluster(tmp_path_factory: pytest.TempPathFactory,
+            request: pytest.FixtureRequest) -> Iterator[ProcCluster]:
+    """Three members; with two workers, the keys' shards lie in both workers of a node,
+    and the revoke's steps on the other worker's shards go through it."""
+    c = ProcCluster(tmp_path_factory.mktemp("xlease"), 3, workers=request.param,
+                    extra=("--shards", str(SHARDS)))
     c.start_all()
     try:
         c.wait_published()
