@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -100,6 +100,9 @@ class MemberChanges:
         self._down_since: dict[int, float] = {}
         self._telling: dict[int, float] = {}
         self._telling_held: dict[int, float] = {}
+        self.others_gone: Callable[[int], Awaitable[None]] | None = None
+        """On worker 0 of a node of several: wait until the other workers' groups no
+        longer list a removed member (``WorkerRouter.members_gone``)."""
 
     @property
     def cluster(self) -> ClusterStateMachine:
@@ -124,14 +127,23 @@ class MemberChanges:
         log.info("member %x removed from the member table; groups follow", member_id)
         if member_id == self.node.member_id:
             return  # this node stops once its leaderships moved; nothing to wait for here
+        waits: list[Awaitable[object]] = [self.wait_gone(member_id)]
+        if self.others_gone is not None:  # a node of several workers: theirs too
+            waits.append(self.others_gone(member_id))
+        await asyncio.gather(*waits)
+
+    async def wait_gone(self, member_id: int) -> bool:
+        """Wait (at most ``REMOVE_WAIT`` seconds) until no group of this process lists
+        ``member_id``; whether none does."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REMOVE_WAIT
         while loop.time() < deadline:
             if not any(member_id in _replicas(g) for g in self.node.host.groups.values()):
-                return
+                return True
             await asyncio.sleep(0.05)
         log.warning("member %x: some groups still list it after %.0fs; their leaders keep "
                     "removing it", member_id, REMOVE_WAIT)
+        return False
 
     def check_remove_is_safe(self, member_id: int) -> None:
         """Raise ``NotEnoughStartedMembers`` if a group would lose its quorum."""
@@ -168,8 +180,9 @@ class MemberChanges:
         self._peers[node_id] = addr
         self.node.transport.set_peer(node_id, *addr)
 
-    async def run(self) -> None:
-        """Reconcile the groups this node leads with the table, forever."""
+    async def run(self, *, repair: bool = True) -> None:
+        """Reconcile the groups this node leads with the table, forever (``repair``:
+        also the replica repair, which only the process with the meta group decides)."""
         while True:
             await asyncio.sleep(RECONCILE_INTERVAL)
             try:
@@ -180,7 +193,7 @@ class MemberChanges:
                            if g.core.role == Role.LEADER]
                 if leading and self.cluster.members:
                     await asyncio.gather(*(self._reconcile(g) for g in leading))
-                if self.dead_after > 0:
+                if repair and self.dead_after > 0:
                     await self.repair()
             except asyncio.CancelledError:
                 raise
@@ -389,11 +402,13 @@ def groups_report(node: NodeParts) -> dict[str, Any]:
     return {"member_id": node.member_id, "groups": groups}
 
 
-def add_debug_service(server: grpc.aio.Server, node: NodeParts) -> None:
-    """Serve ``DEBUG_GROUPS_METHOD``: request ignored, answer is ``groups_report`` as JSON."""
+def add_debug_service(server: grpc.aio.Server, node: NodeParts,
+                      report: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
+    """Serve ``DEBUG_GROUPS_METHOD``: request ignored, answer is ``groups_report`` as JSON
+    (``report``: what to answer instead, as a node of several workers merges theirs)."""
 
     async def groups(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return json.dumps(groups_report(node)).encode()
+        return json.dumps(await report() if report is not None else groups_report(node)).encode()
 
     handler = grpc.unary_unary_rpc_method_handler(groups)
     service, method = DEBUG_GROUPS_METHOD.strip("/").split("/")

@@ -65,12 +65,12 @@ from accord.node.grpc_server import ETCD_SERVICES, AccordGrpcServer, ServerOptio
 from accord.node.grpcmetrics import GrpcCollector, GrpcMetricsInterceptor
 from accord.node.health import HealthChecks, HealthMonitor
 from accord.node.httpserve import MetricsServer, following
-from accord.node.members import META_GROUP, MemberChanges, add_debug_service
+from accord.node.members import META_GROUP, MemberChanges, add_debug_service, groups_report
 from accord.node.metacopy import MetaCopy, MetaFeed
 from accord.node.metrics import NodeMetrics
 from accord.node.peerprobe import PeerProber, tls_credentials
 from accord.node.placement import WORKERS_FILE, PlacementError, WorkerPlan, check_workers
-from accord.node.supervisor import Supervisor
+from accord.node.supervisor import CONFIG_EXIT, REMOVED_EXIT, Supervisor
 from accord.node.tls import ReloadingTLS, client_files, peer_files
 from accord.node.workermetrics import WorkersMetricsServer
 from accord.node.workers import RoutedLockStore, WorkerRouter
@@ -306,7 +306,7 @@ class Node:
         if home:
             add_scheduler_service(self.grpc.server, self.scheduling)
             add_checkpoints_service(self.grpc.server, self.checkpoints)
-            add_debug_service(self.grpc.server, self)
+            add_debug_service(self.grpc.server, self, self._groups_report)
             from accord.membership.servicer import add_membership_service
             from accord.node.gossip import node_membership
             self.membership = node_membership(cfg, self.member_id, scheduler=self.scheduling)
@@ -338,6 +338,9 @@ class Node:
         self._prober.start()
         if not home:
             self._tasks.append(asyncio.create_task(self._intent_loop(), name="intent-recovery"))
+            # This worker's groups follow worker 0's member table (its meta copy).
+            self._tasks.append(asyncio.create_task(self.members.run(repair=False),
+                                                   name="member-changes"))
             if cfg.leader_balance_interval > 0:
                 self._tasks.append(asyncio.create_task(self._balance_loop(), name="leader-balance"))
             return
@@ -368,6 +371,9 @@ class Node:
             self._forward_clients = {k: ForwardClient(plan.forward_socket(base, k))
                                      for k in range(plan.workers) if k != self.worker}
         self.router = WorkerRouter(plan, self.worker, self.backend, self._forward_clients)
+        self.router.wait_gone = self.members.wait_gone
+        if self.worker == 0:  # a MemberRemove waits for every worker's groups
+            self.members.others_gone = self.router.members_gone
         served = self.router.install(self.grpc.methods.handlers)
         self.grpc.methods.fallback = self.router.fallback
         for lock_servicer in self.grpc.locks or ():
@@ -376,6 +382,12 @@ class Node:
             served[metacopy.METHOD] = self.meta_feed.serve
         self._forward_server = ForwardServer(plan.forward_socket(base, self.worker), served)
         await self._forward_server.start()
+
+    async def _groups_report(self) -> dict[str, Any]:
+        """The debug report: this process's groups, or every worker's on a node of several."""
+        if self.router is not None:
+            return await self.router.groups_across()
+        return groups_report(self)
 
     async def _checkpoint_lock_holder(self, job: str) -> int | None:
         """The fencing token of the holder of ``job``'s coordinator lock now (linearizable)."""
@@ -747,7 +759,10 @@ async def serve(config: Config, log_context: logs.LogContext | None = None,
     if node.removed.is_set():
         reason = node.members.stopped_reason
         print(f"accord: node stopped: {reason}", file=sys.stderr)
-        return 0 if reason.startswith("this member was removed") else 1
+        left = reason.startswith("this member was removed")
+        if cfg.workers > 1:  # the supervisor stops the node instead of restarting this one
+            return REMOVED_EXIT if left else CONFIG_EXIT
+        return 0 if left else 1
     return 0
 
 
@@ -836,7 +851,7 @@ async def supervise(config: Config, argv: Sequence[str]) -> int:
             await http.stop()
     if sup.failed.done():
         print(f"accord serve: {sup.failed.result()}", file=sys.stderr)
-        return 2
+        return 0 if sup.removed else 2
     return 0
 
 

@@ -8,7 +8,8 @@ then SIGKILL for any still running.
 
 Restarts back off (``restart_delay``): a worker that keeps dying at once is retried
 ever more slowly, up to ``MAX_DELAY_S``, and one that ran for ``STEADY_S`` counts as
-healthy again. A worker that exits with ``CONFIG_EXIT`` (its configuration is refused)
+healthy again. A worker that exits with ``REMOVED_EXIT`` (its member was removed from the
+cluster) stops the node, which then exits 0. A worker that exits with ``CONFIG_EXIT`` (its configuration is refused)
 is not restarted: it would be refused again; the supervisor stops the node instead and
 says which worker and why (``failed``).
 """
@@ -31,6 +32,9 @@ STEADY_S = 10.0
 """A worker that ran this long before dying is restarted at once (no backoff)."""
 CONFIG_EXIT = 2
 """``accord serve``'s exit status for a refused configuration."""
+REMOVED_EXIT = 3
+"""A worker's exit status once its member was removed from the cluster: the node stops
+(exit 0, as a node of one process does), nothing is restarted."""
 
 
 def restart_delay(failures: int) -> float:
@@ -67,6 +71,8 @@ class Supervisor:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.failed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.removed = False
+        """A worker ended because this member was removed (``failed`` says which)."""
         """Set with the reason when a worker cannot be kept running (the node must stop)."""
         self._changed = asyncio.Event()
         self._spawning = asyncio.Lock()
@@ -98,6 +104,13 @@ class Supervisor:
             code = await w.proc.wait()
             w.last_exit = code
             if self._stopping:
+                return
+            if code == REMOVED_EXIT:
+                why = f"worker {w.index}: this member was removed from the cluster"
+                log.warning("%s; stopping the node", why)
+                self.removed = True
+                if not self.failed.done():
+                    self.failed.set_result(why)
                 return
             if code == CONFIG_EXIT:
                 why = f"worker {w.index} (pid {w.pid}) refused its configuration (exit {code}); see its log"

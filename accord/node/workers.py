@@ -20,7 +20,7 @@ so that each etcd method is, on every worker alike:
   range is (``TxnCompares`` at R, the branch taken, ``TxnReads`` of it: ``txn_across``);
   a linearizable read across workers answers at its clock revision where the shards'
   read fences hold it, without flooring them (``docs/txn.md``, "The revision of a read");
-* **on worker 0** (the member list, ``Status``, alarms, defragment, auth but its
+* **on worker 0** (the member list and member changes, ``Status``, alarms, defragment, auth but its
   ``AuthEnable``; the unary Lease calls): the meta group's calls and the leases' home
   (shard 0), forwarded there from the other workers; a lease's grant and revoke reach
   the other workers' shards as a Txn's steps do (``/accord.worker/Commit``), a
@@ -46,7 +46,7 @@ so that each etcd method is, on every worker alike:
   manifests, SWIM membership): served by worker 0, which hosts their groups and SWIM;
   the others forward their unary calls and pull their server streams
   (``forwardstream.py``);
-* **refused** (everything else: member changes, enabling auth, the debug report):
+* **refused** (everything else: enabling auth):
   UNIMPLEMENTED with a message naming ``--workers``, never a partial answer from one
   worker's shards.
 
@@ -58,6 +58,7 @@ commit steps, and the feeds of watches other workers hold over its shards.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -77,6 +78,7 @@ from accord.node.forwardgrpc import (
     owner_handlers,
 )
 from accord.node.forwardstream import StreamOwner, StreamPuller
+from accord.node.members import DEBUG_GROUPS_METHOD, groups_report
 from accord.node.placement import WorkerPlan
 from accord.node.workerbackup import WorkerBackups
 from accord.node.workerwatch import WatchFeeds, WatchLinks
@@ -131,6 +133,12 @@ KEEPALIVE = "/accord.worker/KeepAlive"
 """Internal, to shard 0's worker: ``lease id`` -> the TTL a renewal granted (0: unknown)."""
 LEASE_KEYS = "/accord.worker/LeaseKeys"
 """Internal: ``[lease id, shards]`` -> the lease's keys on those shards (after a barrier)."""
+GROUPS = "/accord.worker/Groups"
+"""Internal: ``[]`` -> this worker's ``members.groups_report`` (the debug report of a node
+of several workers merges every worker's)."""
+MEMBER_GONE = "/accord.worker/MemberGone"
+"""Internal: ``[member id]`` -> whether this worker's groups dropped the member within
+``members.REMOVE_WAIT`` (a MemberRemove on worker 0 waits for every worker's)."""
 LEASE = "/etcdserverpb.Lease/"
 WATCH = "/etcdserverpb.Watch/Watch"
 LOCKS = {*(f"/v3lockpb.Lock/{m}" for m in ("Lock", "Unlock")),
@@ -153,7 +161,8 @@ its streams (``forwardstream.py``)."""
 ROUTED = {f"{KV}Range", f"{KV}Put", f"{KV}DeleteRange", f"{KV}Txn"}
 ON_WORKER_0 = {
     *(f"{LEASE}{m}" for m in ("LeaseGrant", "LeaseRevoke", "LeaseTimeToLive", "LeaseLeases")),
-    "/etcdserverpb.Cluster/MemberList",
+    *(f"/etcdserverpb.Cluster/{m}" for m in (
+        "MemberList", "MemberAdd", "MemberRemove", "MemberUpdate", "MemberPromote")),
     "/etcdserverpb.Maintenance/Status",
     "/etcdserverpb.Maintenance/Alarm",
     "/etcdserverpb.Maintenance/Defragment",
@@ -232,6 +241,9 @@ class WorkerRouter:
         """Worker index -> the client of its forwarding socket (not this worker's own)."""
         self.forwarded = 0
         """Calls this worker handed to another (for tests and a later metric)."""
+        self.wait_gone: Callable[[int], Awaitable[bool]] | None = None
+        """How this worker waits for its groups to drop a removed member
+        (``MemberChanges.wait_gone``; set by the node)."""
         self.broken_local_commits = False
         """A deliberately broken variant for tests: a multi-shard Txn's step for another
         worker's shard is applied to this worker's empty copy of it, never replicated.
@@ -260,6 +272,10 @@ class WorkerRouter:
         served[HASH_CHAIN] = self._serve_hash_chain
         served[LEADERS] = self._serve_leaders
         served[COMMIT_ON] = self._serve_commit
+        served[MEMBER_GONE] = self._serve_member_gone
+        served[GROUPS] = self._serve_groups
+        if self.index == 0:  # the debug report, asked of another worker, answered here
+            served[DEBUG_GROUPS_METHOD] = self._serve_debug
         served[KEEPALIVE] = self._serve_keepalive
         served[LEASE_KEYS] = self._serve_lease_keys
         hub = self.backend.watch_hub
@@ -306,6 +322,8 @@ class WorkerRouter:
         server's other handlers."""
         if method.startswith(LOCAL_PREFIXES) or method == WATCH:
             return None
+        if method == DEBUG_GROUPS_METHOD:  # worker 0's generic handler answers it
+            return None if self.index == 0 else self._to_worker_0(method, False)
         if method in NODE_SERVICES and self.index != 0:
             return self._to_worker_0(method, NODE_SERVICES[method])
         return _refusing(grpc.StatusCode.UNIMPLEMENTED, refusal(method, self.plan.workers))
@@ -435,6 +453,44 @@ class WorkerRouter:
                                  "an internal commit carries only a multi-shard Txn's step "
                                  "or a lease's grant or revoke")
         return xresults.pack(await carried(self.local_commit(command, int(shard))))
+
+    # -- member changes: the table in worker 0, every worker's groups follow ------
+
+    async def members_gone(self, member_id: int) -> None:
+        """Wait until the other workers' groups no longer list a removed member (each
+        worker's driver takes it out of the groups it leads, ``members.py``)."""
+        async def ask(worker: int) -> None:
+            try:
+                await self.clients[worker].call(MEMBER_GONE, msgpack.packb([member_id]),
+                                                DEFAULT_TIMEOUT_S)
+            except (ForwardedError, OSError):
+                pass  # that worker is restarting: its groups follow the table when back
+        await asyncio.gather(*(ask(w) for w in self.clients))
+
+    async def groups_across(self) -> dict[str, Any]:
+        """The debug report of the node: every worker's groups in one."""
+        report = groups_report(self.backend.node)
+        for worker, client in self.clients.items():
+            try:
+                theirs = json.loads(await client.call(GROUPS, msgpack.packb([]), 5.0))
+            except (ForwardedError, OSError, ValueError):
+                report.setdefault("unreachable_workers", []).append(worker)
+                continue
+            report["groups"].update(theirs["groups"])
+        return report
+
+    async def _serve_groups(self, _body: bytes) -> bytes:
+        return json.dumps(groups_report(self.backend.node)).encode()
+
+    async def _serve_debug(self, _body: bytes) -> bytes:
+        return json.dumps(await self.groups_across()).encode()
+
+    async def _serve_member_gone(self, body: bytes) -> bytes:
+        (member_id,) = decode_fields(body, 1)
+        if type(member_id) is not int or self.wait_gone is None:
+            raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 "a member-gone wait carries [member id]")
+        return bytes(msgpack.packb(await self.wait_gone(member_id)))
 
     # -- leases: their home is shard 0's worker --------------------------------
 

@@ -153,7 +153,9 @@ class ProcCluster:
 
     def new_node(self, name: str) -> ProcNode:
         """A node for a member added at runtime (start it with ``start(node, existing=True)``)."""
-        client, peer, gossip, metrics = free_ports(4)
+        client, peer, gossip, metrics = ports = free_ports(4)
+        if self.workers > 1:  # worker k listens on the peer port + k: a free block
+            peer = free_port_blocks(1, self.workers, avoid=ports)[0]
         root = self.nodes[0].data_dir.parent
         node = ProcNode(name, client, peer, root / name, root / f"{name}.log", gossip_port=gossip,
                         tls=self.tls.client_options if self.tls is not None else None,

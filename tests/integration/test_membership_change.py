@@ -26,9 +26,11 @@ from accord.proto import rpc_pb2_grpc
 from tests.integration.cluster import HOST, ProcCluster, ProcNode
 
 
-@pytest.fixture()
-def cluster(tmp_path: Path) -> Iterator[ProcCluster]:
-    with ProcCluster(tmp_path, 3, extra=("--shards", "2")) as c:
+@pytest.fixture(params=[1, 2], ids=["one-process", "two-workers"])
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcCluster]:
+    """Three members; with two workers, the table lives in worker 0 and every worker's
+    member-change driver brings the groups it leads to it."""
+    with ProcCluster(tmp_path, 3, workers=request.param, extra=("--shards", "2")) as c:
         yield c
 
 

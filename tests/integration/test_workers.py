@@ -212,8 +212,6 @@ def test_what_the_workers_cannot_do_is_refused_naming_the_flag(cluster: ProcClus
             assert both.header.revision >= max(  # type: ignore[attr-defined]
                 p.header.revision for p in puts)  # type: ignore[attr-defined]
             unimplemented = {
-                "member add": _refused(rpc_pb2_grpc.ClusterStub(ch).MemberAdd,
-                                       pb.MemberAddRequest(peerURLs=["http://127.0.0.1:1"])),
                 "auth enable": _refused(rpc_pb2_grpc.AuthStub(ch).AuthEnable,
                                         pb.AuthEnableRequest()),
             }

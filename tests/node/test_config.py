@@ -193,8 +193,6 @@ def test_resolved_does_not_share_lists() -> None:
     (["--workers", "0"], "workers 0: must be 1..64"),
     (["--workers", "65"], "workers 65: must be 1..64"),
     (["--workers", "4", "--shards", "2"], "workers 4: needs at least as many shards"),
-    (["--workers", "2", "--initial-cluster-state", "existing"],
-     "--workers 2 does not support joining a running cluster"),
     (["--workers", "2", "--listen-metrics-urls", "https://127.0.0.1:9000"],
      "listen-metrics-urls: https://127.0.0.1:9000 is https://"),
     (["--workers", "2", "--member-dead-after", "30"], "does not support --member-dead-after"),

@@ -9,7 +9,13 @@ import sys
 
 import pytest
 
-from accord.node.supervisor import CONFIG_EXIT, MAX_DELAY_S, Supervisor, restart_delay
+from accord.node.supervisor import (
+    CONFIG_EXIT,
+    MAX_DELAY_S,
+    REMOVED_EXIT,
+    Supervisor,
+    restart_delay,
+)
 
 SLEEPER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
 STUBBORN = [sys.executable, "-c",
@@ -78,6 +84,21 @@ async def test_a_worker_refusing_its_config_stops_the_node_instead_of_looping() 
         assert sup.workers[1].restarts == 0
     finally:
         await sup.stop()
+
+
+async def test_a_worker_of_a_removed_member_stops_the_node_cleanly() -> None:
+    """A worker whose member was removed from the cluster exits ``REMOVED_EXIT``: not
+    restarted, the node stops, and says it was removed (``accord serve`` exits 0)."""
+    sup = Supervisor([[sys.executable, "-c", f"raise SystemExit({REMOVED_EXIT})"], SLEEPER])
+    await sup.start()
+    try:
+        why = await asyncio.wait_for(sup.failed, 30)
+        assert "worker 0" in why and "removed" in why
+        assert sup.removed and sup.workers[0].restarts == 0
+    finally:
+        await sup.stop()
+    sleeper = sup.workers[1].pid
+    assert sleeper is not None and not alive(sleeper)
 
 
 @pytest.mark.parametrize(("failures", "delay"), [(0, 0.0), (1, 0.1), (2, 0.2), (4, 0.8), (50, MAX_DELAY_S)])
