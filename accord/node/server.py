@@ -434,7 +434,10 @@ class Node:
         try:
             return backend.read_fence()
         except ClockUntrusted as e:
-            asyncio.get_running_loop().call_soon(self._hand_over, group_id)
+            # Handed over before the refusal is raised: a proposal refused while its
+            # leader hands over waits for the new leader instead of failing
+            # (``Proposer.propose``), so a write or a floor through this member goes on.
+            self._hand_over(group_id)
             raise GroupUnavailable(str(e)) from None
 
     def _hand_over(self, group_id: int) -> None:
