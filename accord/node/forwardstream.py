@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,7 @@ import msgpack
 
 from accord.node.forward import ForwardClient, ForwardedError, Handler
 from accord.node.forwardgrpc import DEFAULT_TIMEOUT_S, ForwardedContext, decode_fields
+from accord.node.polled import PolledTable
 
 STREAM_POLL = "/accord.worker/StreamPoll"
 STREAM_CLOSE = "/accord.worker/StreamClose"
@@ -50,7 +50,11 @@ class _Call:
     task: asyncio.Task[None] | None = None
     queue: asyncio.Queue[Any] = field(default_factory=lambda: asyncio.Queue(QUEUED))
     status: tuple[int | None, str] | None = None
-    polled: float = field(default_factory=time.monotonic)
+
+
+def _end_call(call: _Call) -> None:
+    if call.task is not None:
+        call.task.cancel()
 
 
 class StreamOwner:
@@ -59,7 +63,8 @@ class StreamOwner:
 
     def __init__(self, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
         self._handlers = handlers
-        self._calls: dict[str, _Call] = {}
+        self._calls: PolledTable[_Call] = PolledTable("forwarded stream", ABANDONED_S,
+                                                      _end_call)
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -68,7 +73,7 @@ class StreamOwner:
         """The internal methods this worker's forwarding socket serves for streams."""
         return {STREAM_POLL: self._serve_poll, STREAM_CLOSE: self._serve_close}
 
-    def _open(self, name: str, spec: Any) -> _Call:
+    def _open(self, spec: Any) -> _Call:
         if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[0], str)
                 and isinstance(spec[1], bytes) and isinstance(spec[2], list)):
             raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
@@ -78,9 +83,6 @@ class StreamOwner:
         if h is None or h.unary_stream is None:
             raise ForwardedError(grpc.StatusCode.UNIMPLEMENTED,
                                  f"{method} is not a streaming method this worker serves")
-        now = time.monotonic()
-        for old in [n for n, c in self._calls.items() if now - c.polled > ABANDONED_S]:
-            self._end(old)
         request = h.request_deserializer(raw) if h.request_deserializer else raw
         context = ForwardedContext([(str(k), v) for k, v in metadata])
         call = _Call()
@@ -100,24 +102,13 @@ class StreamOwner:
             await call.queue.put(_END)
 
         call.task = asyncio.get_running_loop().create_task(pump(), name=f"stream-{method}")
-        self._calls[name] = call
         return call
-
-    def _end(self, name: str) -> None:
-        call = self._calls.pop(name, None)
-        if call is not None and call.task is not None:
-            call.task.cancel()
 
     async def _serve_poll(self, body: bytes) -> bytes:
         name, spec, max_items = decode_fields(body, 3)
         if not isinstance(name, str) or type(max_items) is not int:
             raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT, "malformed stream poll")
-        call = self._calls.get(name)
-        if call is None:
-            if spec is None:
-                raise ForwardedError(grpc.StatusCode.NOT_FOUND, f"no forwarded stream {name!r}")
-            call = self._open(name, spec)
-        call.polled = time.monotonic()
+        call = self._calls.polled(name, spec, self._open)
         items: list[bytes] = []
         ended = False
         with contextlib.suppress(TimeoutError):
@@ -130,16 +121,16 @@ class StreamOwner:
                 ended = nxt is _END
                 if not ended:
                     items.append(nxt)
-        call.polled = time.monotonic()
+        self._calls.touch(name)
         code, details = call.status if ended and call.status else (None, "")
         if ended:
-            self._calls.pop(name, None)
+            self._calls.forget(name)
         return bytes(msgpack.packb([items, ended, code, details]))
 
     async def _serve_close(self, body: bytes) -> bytes:
         (name,) = decode_fields(body, 1)
         if isinstance(name, str):
-            self._end(name)
+            self._calls.close(name)
         return b""
 
 

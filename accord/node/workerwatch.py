@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ import msgpack
 
 from accord.node.forward import ForwardClient, ForwardedError, Handler
 from accord.node.placement import WorkerPlan
+from accord.node.polled import PolledTable
 from accord.proto import kv_pb2
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.shardwatch import ShardedWatchHub, SubWatcher
@@ -93,9 +93,14 @@ class _Feed:
     shard: int
     watcher: Watcher
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    polled: float = field(default_factory=time.monotonic)
     floor_want: int = 0
     floor_task: asyncio.Task[None] | None = None
+
+
+def _close_feed(feed: _Feed) -> None:
+    feed.watcher.close()
+    if feed.floor_task is not None:
+        feed.floor_task.cancel()
 
 
 class WatchFeeds:
@@ -108,7 +113,7 @@ class WatchFeeds:
         self._hosted = hosted
         self._floor = floor
         """``async floor(shards, revision)``: the backend's, through the shards' logs."""
-        self._feeds: dict[str, _Feed] = {}
+        self._feeds: PolledTable[_Feed] = PolledTable("watch feed", ABANDONED_S, _close_feed)
 
     def __len__(self) -> int:
         return len(self._feeds)
@@ -118,7 +123,7 @@ class WatchFeeds:
         return {WATCH_POLL: self._serve_poll, WATCH_NUDGE: self._serve_nudge,
                 WATCH_CLOSE: self._serve_close}
 
-    def _open(self, name: str, spec: Any) -> _Feed:
+    def _open(self, spec: Any) -> _Feed:
         if not (isinstance(spec, list) and len(spec) == 7):
             raise _bad("a watch feed opens with [shard, key, end, start, prev_kv, filters, limit]")
         shard, key, end, start, prev_kv, filters, limit = spec
@@ -128,7 +133,6 @@ class WatchFeeds:
         if not (isinstance(key, bytes) and isinstance(end, bytes) and type(start) is int
                 and isinstance(filters, list) and (limit is None or type(limit) is int)):
             raise _bad("malformed watch feed opening")
-        self._sweep()
         try:
             w = self._hub.hubs[shard].watch(key, end, start, bool(prev_kv),
                                             [int(f) for f in filters], False, limit, tagged=True)
@@ -136,22 +140,7 @@ class WatchFeeds:
             raise ForwardedError(e.code, e.message) from None
         feed = _Feed(shard, w)
         w.share_wake(feed.wake)
-        self._feeds[name] = feed
         return feed
-
-    def _sweep(self) -> None:
-        cutoff = time.monotonic() - ABANDONED_S
-        for name, feed in list(self._feeds.items()):
-            if feed.polled < cutoff:
-                self._drop(name)
-
-    def _drop(self, name: str) -> None:
-        feed = self._feeds.pop(name, None)
-        if feed is None:
-            return
-        feed.watcher.close()
-        if feed.floor_task is not None:
-            feed.floor_task.cancel()
 
     async def _serve_poll(self, body: bytes) -> bytes:
         try:
@@ -160,12 +149,7 @@ class WatchFeeds:
             raise _bad("a watch poll carries [feed, open, seen_closed, max_events]") from None
         if not isinstance(name, str) or type(seen) is not int or type(max_events) is not int:
             raise _bad("malformed watch poll")
-        feed = self._feeds.get(name)
-        if feed is None:
-            if spec is None:
-                raise ForwardedError(grpc.StatusCode.NOT_FOUND, f"no watch feed {name!r}")
-            feed = self._open(name, spec)
-        feed.polled = time.monotonic()
+        feed = self._feeds.polled(name, spec, self._open)
         w = feed.watcher
         if w.peek() is None and not w.canceled and w.closed_revision() <= seen:
             feed.wake.clear()
@@ -173,7 +157,7 @@ class WatchFeeds:
                 await asyncio.wait_for(feed.wake.wait(), POLL_WAIT_S)
             except TimeoutError:
                 pass
-        feed.polled = time.monotonic()
+        self._feeds.touch(name)
         batches: list[Any] = []
         count = 0
         while count < max(1, max_events):
@@ -183,7 +167,7 @@ class WatchFeeds:
             batches.append(_encode_batch(b))
             count += len(b.events)
             if b.canceled:
-                self._feeds.pop(name, None)
+                self._feeds.forget(name)
                 break
         return bytes(msgpack.packb([batches, w.synced, w.closed_revision(),
                                     w.store_revision(), w.resume_revision()]))
@@ -228,7 +212,7 @@ class WatchFeeds:
         except (ValueError, TypeError, msgpack.UnpackException):
             raise _bad("a watch close carries [feed]") from None
         if isinstance(name, str):
-            self._drop(name)
+            self._feeds.close(name)
         return b""
 
 

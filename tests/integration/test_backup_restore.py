@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -63,6 +64,27 @@ def _writer(c: ProcCluster, stop: threading.Event, count: list[int]) -> None:
             time.sleep(0.05)
 
 
+def _save_while_writing(c: ProcCluster, writer: Any, backup: Path,
+                        burst: int) -> subprocess.CompletedProcess[str]:
+    """``accord snapshot save`` through ``c``'s second node while ``writer(c, stop,
+    count)`` writes: ``burst`` writes before the save and ``burst`` after it."""
+    stop, count = threading.Event(), [0]
+    thread = threading.Thread(target=writer, args=(c, stop, count))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while count[0] < burst and time.monotonic() < deadline:
+            time.sleep(0.05)
+        saved = accord("snapshot", "save", str(backup), "--endpoints", c.nodes[1].endpoint)
+        before = count[0]
+        while count[0] < before + burst and time.monotonic() < deadline + 60:
+            time.sleep(0.05)  # writes go on after the backup
+    finally:
+        stop.set()
+        thread.join(30)
+    return saved
+
+
 def test_a_cluster_killed_and_wiped_comes_back_from_one_backup(tmp_path: Path) -> None:
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
@@ -86,19 +108,7 @@ def test_a_cluster_killed_and_wiped_comes_back_from_one_backup(tmp_path: Path) -
                                        devices_per_task=1)), timeout=10).job_id
         for i in range(200):
             old.put(b"/data/%d/x" % i, b"v%d" % i)
-        stop, count = threading.Event(), [0]
-        writer = threading.Thread(target=_writer, args=(old, stop, count))
-        writer.start()
-        try:
-            while count[0] < 30:
-                time.sleep(0.05)
-            saved = accord("snapshot", "save", str(backup), "--endpoints", old.nodes[1].endpoint)
-            before = count[0]
-            while count[0] < before + 30:  # writes go on after the backup
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            writer.join(30)
+        saved = _save_while_writing(old, _writer, backup, 30)
         assert saved.returncode == 0, saved.stderr
         assert "Snapshot saved at" in saved.stdout
         snap = snapfile.decode(backup.read_bytes())
@@ -226,19 +236,7 @@ def test_a_backup_of_nodes_of_two_workers_restores_a_cluster_of_them(tmp_path: P
                     timeout=10)
         for i in range(40):
             old.put(b"/data/%d/x" % i, b"v%d" % i)
-        stop, count = threading.Event(), [0]
-        writer = threading.Thread(target=_txn_writer, args=(old, stop, count))
-        writer.start()
-        try:
-            while count[0] < 10:
-                time.sleep(0.05)
-            saved = accord("snapshot", "save", str(backup), "--endpoints", old.nodes[1].endpoint)
-            before = count[0]
-            while count[0] < before + 10:  # Txns go on after the backup
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            writer.join(30)
+        saved = _save_while_writing(old, _txn_writer, backup, 10)
         assert saved.returncode == 0, saved.stderr
         snap = snapfile.decode(backup.read_bytes())
         expected = _all_keys(old, snap.revision)
