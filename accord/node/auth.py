@@ -7,6 +7,7 @@ is a ReadIndex on the meta group (``docs/security.md`` has the reasoning and the
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -33,9 +34,13 @@ def auth_machine(cfg: Config) -> AuthStateMachine:
     return AuthStateMachine(SimpleTokens(ttl_s=cfg.auth_token_ttl))
 
 
-def auth_guard(cfg: Config, cluster: ClusterStateMachine, host: MultiRaftHost) -> AuthGuard:
+def auth_guard(cfg: Config, cluster: ClusterStateMachine, host: MultiRaftHost,
+               meta_barrier: Callable[[], Awaitable[None]] | None = None) -> AuthGuard:
     """The guard of this node: commits (behind the version gate) and barriers on the
-    meta group."""
+    meta group. ``meta_barrier``: on a worker without the meta group (a node of several,
+    ``docs/workers.md``), how its copy of the meta state catches up with the meta group
+    (its auth calls themselves are served by worker 0): the guard then knows its state
+    may trail (``AuthGuard.lagging``)."""
 
     async def commit(command: bytes) -> Any:
         for _ in range(int(GATE_WAIT_S / 0.1)):
@@ -56,9 +61,11 @@ def auth_guard(cfg: Config, cluster: ClusterStateMachine, host: MultiRaftHost) -
             raise unavailable(e) from None
 
     spec = parse_token_spec(cfg.auth_token)
-    return AuthGuard(
-        cluster.auth, commit=commit, barrier=barrier,
+    guard = AuthGuard(
+        cluster.auth, commit=commit, barrier=barrier if meta_barrier is None else meta_barrier,
         jwt=spec.jwt() if spec.kind == "jwt" else None,
         client_cert_auth=cfg.client_cert_auth,
         bcrypt_cost=cfg.bcrypt_cost,
     )
+    guard.lagging = meta_barrier is not None
+    return guard

@@ -33,7 +33,13 @@ import grpc
 import msgpack
 
 from accord.node.forward import ForwardClient, ForwardedError, Handler
-from accord.node.forwardgrpc import DEFAULT_TIMEOUT_S, ForwardedContext, decode_fields
+from accord.node.forwardgrpc import (
+    DEFAULT_TIMEOUT_S,
+    ForwardedContext,
+    decode_fields,
+    forwarded_metadata,
+    intercepted,
+)
 from accord.node.polled import PolledTable
 
 STREAM_POLL = "/accord.worker/StreamPoll"
@@ -61,8 +67,11 @@ class StreamOwner:
     """The server-streaming calls this worker serves for the others (see the module
     docstring): ``handlers`` is the method table whose streaming handlers it runs."""
 
-    def __init__(self, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
+    def __init__(self, handlers: Mapping[str, grpc.RpcMethodHandler],
+                 interceptor: Any = None) -> None:
         self._handlers = handlers
+        self._interceptor = interceptor
+        """The node's ``AuthInterceptor``: a pulled call is checked again here."""
         self._calls: PolledTable[_Call] = PolledTable("forwarded stream", ABANDONED_S,
                                                       _end_call)
 
@@ -87,10 +96,12 @@ class StreamOwner:
         context = ForwardedContext([(str(k), v) for k, v in metadata])
         call = _Call()
         serialize = h.response_serializer
+        interceptor = self._interceptor
 
         async def pump() -> None:
             try:
-                async for response in h.unary_stream(request, context):
+                served = await intercepted(interceptor, method, h, context)
+                async for response in served.unary_stream(request, context):
                     await call.queue.put(serialize(response) if serialize else response)
                 call.status = (None, "")
             except ForwardedError as e:
@@ -147,8 +158,7 @@ class StreamPuller:
         call ends with the owner's status."""
         self._next += 1
         name = f"{self._token}.{self._next}"
-        metadata = [[k, v] for k, v in (context.invocation_metadata() or ())]
-        opening: list[Any] | None = [method, raw, metadata]
+        opening: list[Any] | None = [method, raw, forwarded_metadata(context)]
         ended = False
         try:
             while True:

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import msgpack
 
 from accord.locks.recipe import holder as lock_holder
 from accord.locks.store import BackendLockStore, LockStore
@@ -60,7 +61,7 @@ from accord.node import logs, metacopy
 from accord.node.auth import auth_guard, auth_machine
 from accord.node.backend import KV_GROUP, ReplicatedBackend, kv_group
 from accord.node.config import Config, ConfigError, load_config
-from accord.node.forward import ForwardClient, ForwardServer
+from accord.node.forward import ForwardClient, ForwardedError, ForwardServer
 from accord.node.grpc_server import ETCD_SERVICES, AccordGrpcServer, ServerOptions, build_server
 from accord.node.grpcmetrics import GrpcCollector, GrpcMetricsInterceptor
 from accord.node.health import HealthChecks, HealthMonitor
@@ -73,7 +74,7 @@ from accord.node.placement import WORKERS_FILE, PlacementError, WorkerPlan, chec
 from accord.node.supervisor import CONFIG_EXIT, REMOVED_EXIT, Supervisor
 from accord.node.tls import ReloadingTLS, client_files, peer_files
 from accord.node.workermetrics import WorkersMetricsServer
-from accord.node.workers import RoutedLockStore, WorkerRouter
+from accord.node.workers import META_BARRIER, RoutedLockStore, WorkerRouter
 from accord.proto import rpc_pb2
 from accord.raft.core.types import NO_NODE, Role
 from accord.raft.host.balance import plan_moves
@@ -83,6 +84,7 @@ from accord.raft.storage.snapshot import SnapshotStore
 from accord.raft.storage.wal import WriteAheadLog
 from accord.raft.transport.links import PeerTransport
 from accord.raft.transport.tls import PeerTLS
+from accord.services.auth.interceptor import AuthInterceptor
 from accord.services.auth.statemachine import AUTH_FORMAT
 from accord.services.checkpoints.replicated import CHECKPOINT_GROUP, CheckpointGroup
 from accord.services.checkpoints.service import lock_name
@@ -113,6 +115,8 @@ LEASE_CHECKPOINT_INTERVAL = 5.0
 LEASE_REAP_INTERVAL = 5.0
 """Seconds between two looks for lease ids left on a shard by an interrupted revocation."""
 """Seconds between two looks at how leaderships are spread over the nodes."""
+META_BARRIER_WAIT_S = 5.0
+"""How long a worker's auth freshness barrier waits for worker 0 and its copy."""
 META_SYNC_S = 10.0
 """Seconds a worker > 0 waits at start for its first meta state from worker 0."""
 PROGRESS_NOTIFY_INTERVAL = 600.0
@@ -287,7 +291,9 @@ class Node:
         self.grpc = build_server(self.backend, ServerOptions(max_request_bytes=cfg.max_request_bytes,
                                                              share_port=self.plan is not None),
                                  outer_interceptors=[calls],
-                                 auth=auth_guard(cfg, self.cluster, self.host),
+                                 auth=auth_guard(cfg, self.cluster, self.host,
+                                                 None if self.meta_copy is None
+                                                 else self._meta_barrier),
                                  clock_us=self.clock.wall_us)
         for url, (h, p) in zip(cfg.listen_client_urls, cfg.client_listen_addresses(), strict=True):
             creds = (self.client_tls.grpc_credentials()
@@ -374,14 +380,36 @@ class Node:
         self.router.wait_gone = self.members.wait_gone
         if self.worker == 0:  # a MemberRemove waits for every worker's groups
             self.members.others_gone = self.router.members_gone
-        served = self.router.install(self.grpc.methods.handlers)
+        served = self.router.install(self.grpc.methods.handlers,
+                                     AuthInterceptor(self.grpc.auth))
         self.grpc.methods.fallback = self.router.fallback
         for lock_servicer in self.grpc.locks or ():
             lock_servicer.store = RoutedLockStore(self.backend, self.grpc.methods.handlers)
+        every_shard = list(range(plan.shards))
+        backend = self.backend
+
+        async def lease_keys(lease_id: int) -> list[bytes]:
+            """A lease's keys on every worker's shards (auth's check of a revoke)."""
+            return await backend.lease_keys_on(every_shard, lease_id)
+
+        self.grpc.auth.lease_keys = lease_keys
         if self.meta_feed is not None:
             served[metacopy.METHOD] = self.meta_feed.serve
         self._forward_server = ForwardServer(plan.forward_socket(base, self.worker), served)
         await self._forward_server.start()
+
+    async def _meta_barrier(self) -> None:
+        """On a worker without the meta group: a ReadIndex on it in worker 0, then this
+        worker's copy caught up to what worker 0 had applied (the auth guard's freshness
+        barrier, ``docs/workers.md``)."""
+        assert self.meta_copy is not None and self.plan is not None
+        try:
+            index = int(msgpack.unpackb(await self._forward_clients[0].call(
+                META_BARRIER, msgpack.packb([]), META_BARRIER_WAIT_S)))
+            await asyncio.wait_for(self.meta_copy.wait_applied(index), META_BARRIER_WAIT_S)
+        except (ForwardedError, OSError, TimeoutError, ValueError) as e:
+            raise EtcdError(grpc.StatusCode.UNAVAILABLE,
+                            f"etcdserver: request timed out (worker 0: {e})") from None
 
     async def _groups_report(self) -> dict[str, Any]:
         """The debug report: this process's groups, or every worker's on a node of several."""

@@ -75,14 +75,16 @@ from accord.node.forwardgrpc import (
     carried,
     decode_fields,
     forward_unary,
+    forwarded_metadata,
     owner_handlers,
 )
 from accord.node.forwardstream import StreamOwner, StreamPuller
-from accord.node.members import DEBUG_GROUPS_METHOD, groups_report
+from accord.node.members import DEBUG_GROUPS_METHOD, META_GROUP, groups_report
 from accord.node.placement import WorkerPlan
 from accord.node.workerbackup import WorkerBackups
 from accord.node.workerwatch import WatchFeeds, WatchLinks
 from accord.proto import checkpoints_pb2, membership_pb2, rpc_pb2, scheduling_pb2
+from accord.raft.host.multiraft import GroupUnavailable
 from accord.services.kv import errors, fanout, sharding, xcommands, xresults, xtxn
 from accord.services.kv.backend import check_compaction, check_hash_revision
 from accord.services.kv.codec import spreads_to_every_shard
@@ -133,6 +135,9 @@ KEEPALIVE = "/accord.worker/KeepAlive"
 """Internal, to shard 0's worker: ``lease id`` -> the TTL a renewal granted (0: unknown)."""
 LEASE_KEYS = "/accord.worker/LeaseKeys"
 """Internal: ``[lease id, shards]`` -> the lease's keys on those shards (after a barrier)."""
+META_BARRIER = "/accord.worker/MetaBarrier"
+"""Internal, to worker 0: ``[]`` -> the meta group's applied index after a ReadIndex on
+it (another worker's auth guard then waits for its copy to reach it)."""
 GROUPS = "/accord.worker/Groups"
 """Internal: ``[]`` -> this worker's ``members.groups_report`` (the debug report of a node
 of several workers merges every worker's)."""
@@ -145,19 +150,21 @@ LOCKS = {*(f"/v3lockpb.Lock/{m}" for m in ("Lock", "Unlock")),
          *(f"/v3electionpb.Election/{m}" for m in (
              "Campaign", "Proclaim", "Leader", "Observe", "Resign"))}
 SNAPSHOT = "/etcdserverpb.Maintenance/Snapshot"
-SERVED_HERE = {f"{LEASE}LeaseKeepAlive", WATCH, SNAPSHOT, *LOCKS}
+DOWNGRADE = "/etcdserverpb.Maintenance/Downgrade"
+SERVED_HERE = {f"{LEASE}LeaseKeepAlive", WATCH, SNAPSHOT, DOWNGRADE, *LOCKS}
 """Served by this worker's own handler: a keepalive's backend commits on shard 0's
 worker, a watch's hub watches the other workers' shards through them (``workerwatch``),
 the lock and election recipes run over the routed calls (:class:`RoutedLockStore`), a
-backup's is gathered from every worker (``workerbackup.py``)."""
+backup's is gathered from every worker (``workerbackup.py``); a Downgrade is refused as
+a node of one process refuses it."""
 
 NODE_SERVICES = {
-    f"/{svc.full_name}/{m.name}": m.server_streaming
+    f"/{svc.full_name}/{m.name}": (m.server_streaming, getattr(module, m.input_type.name))
     for module in (scheduling_pb2, checkpoints_pb2, membership_pb2)
     for svc in module.DESCRIPTOR.services_by_name.values() for m in svc.methods}
-"""accord's own services (method -> whether the server streams): served by worker 0,
-which hosts their groups and SWIM; the other workers forward unary calls to it and pull
-its streams (``forwardstream.py``)."""
+"""accord's own services (method -> whether the server streams, its request class):
+served by worker 0, which hosts their groups and SWIM; the other workers forward unary
+calls to it and pull its streams (``forwardstream.py``)."""
 ROUTED = {f"{KV}Range", f"{KV}Put", f"{KV}DeleteRange", f"{KV}Txn"}
 ON_WORKER_0 = {
     *(f"{LEASE}{m}" for m in ("LeaseGrant", "LeaseRevoke", "LeaseTimeToLive", "LeaseLeases")),
@@ -167,7 +174,7 @@ ON_WORKER_0 = {
     "/etcdserverpb.Maintenance/Alarm",
     "/etcdserverpb.Maintenance/Defragment",
     *(f"/etcdserverpb.Auth/{m}" for m in (
-        "AuthDisable", "AuthStatus", "Authenticate", "UserAdd", "UserGet", "UserList",
+        "AuthEnable", "AuthDisable", "AuthStatus", "Authenticate", "UserAdd", "UserGet", "UserList",
         "UserDelete", "UserChangePassword", "UserGrantRole", "UserRevokeRole", "RoleAdd",
         "RoleGet", "RoleList", "RoleDelete", "RoleGrantPermission", "RoleRevokePermission")),
 }
@@ -209,7 +216,8 @@ class RoutedLockStore(BackendLockStore):
 
     async def _call(self, method: str, request: Any) -> Any:
         try:
-            return await self._handlers[method].unary_unary(request, ForwardedContext(()))
+            return await self._handlers[method].unary_unary(
+                request, ForwardedContext((), internal=True))
         except ForwardedError as e:
             raise EtcdError(e.code, e.message) from None
 
@@ -251,15 +259,17 @@ class WorkerRouter:
 
     # -- the method table ----------------------------------------------------
 
-    def install(self, handlers: dict[str, grpc.RpcMethodHandler]) -> dict[str, Handler]:
+    def install(self, handlers: dict[str, grpc.RpcMethodHandler],
+                interceptor: Any = None) -> dict[str, Handler]:
         """Rewrite ``handlers`` (the server's method table, in place) for this worker and
         return what its forwarding socket serves: the local handlers' unary ones and the
-        internal range steps."""
+        internal range steps. ``interceptor`` (the node's ``AuthInterceptor``) checks
+        every forwarded call again on arrival, as a call from a client is checked."""
         local = dict(handlers)
         served: dict[str, Handler] = owner_handlers(
             {m: h for m, h in local.items()
-             if m in ROUTED or m in ON_WORKER_0 or m in NODE_SERVICES})
-        self.streams = StreamOwner(handlers)
+             if m in ROUTED or m in ON_WORKER_0 or m in NODE_SERVICES}, interceptor)
+        self.streams = StreamOwner(local, interceptor)
         served.update(self.streams.handlers())
         self._puller = StreamPuller(self.index)
         served[RANGE_TOPS] = self._serve_tops
@@ -276,6 +286,7 @@ class WorkerRouter:
         served[GROUPS] = self._serve_groups
         if self.index == 0:  # the debug report, asked of another worker, answered here
             served[DEBUG_GROUPS_METHOD] = self._serve_debug
+            served[META_BARRIER] = self._serve_meta_barrier
         served[KEEPALIVE] = self._serve_keepalive
         served[LEASE_KEYS] = self._serve_lease_keys
         hub = self.backend.watch_hub
@@ -323,25 +334,34 @@ class WorkerRouter:
         if method.startswith(LOCAL_PREFIXES) or method == WATCH:
             return None
         if method == DEBUG_GROUPS_METHOD:  # worker 0's generic handler answers it
-            return None if self.index == 0 else self._to_worker_0(method, False)
+            return None if self.index == 0 else self._to_worker_0(method, False, None)
         if method in NODE_SERVICES and self.index != 0:
-            return self._to_worker_0(method, NODE_SERVICES[method])
+            streaming, request_class = NODE_SERVICES[method]
+            return self._to_worker_0(method, streaming, request_class.FromString)
         return _refusing(grpc.StatusCode.UNIMPLEMENTED, refusal(method, self.plan.workers))
 
-    def _to_worker_0(self, method: str, streaming: bool) -> grpc.RpcMethodHandler:
-        """A handler (serialized bytes in and out) serving ``method`` in worker 0: a
-        unary call forwarded, a server stream pulled (``forwardstream.py``)."""
+    def _to_worker_0(self, method: str, streaming: bool,
+                     parse: Callable[[bytes], Any] | None) -> grpc.RpcMethodHandler:
+        """A handler serving ``method`` in worker 0 (its requests parsed with ``parse``,
+        so that this worker's interceptors see them; its answers passed on as worker 0
+        serialized them): a unary call forwarded, a server stream pulled
+        (``forwardstream.py``)."""
         client = self.clients[0]
-        if streaming:
-            async def pull(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-                self.forwarded += 1
-                async for item in self._puller.pull(client, method, raw, context):
-                    yield item
-            return grpc.unary_stream_rpc_method_handler(pull)
 
-        async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        def raw_of(request: Any) -> bytes:
+            return request if isinstance(request, bytes) else bytes(request.SerializeToString())
+
+        if streaming:
+            async def pull(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+                self.forwarded += 1
+                async for item in self._puller.pull(client, method, raw_of(request), context):
+                    yield item
+            return grpc.unary_stream_rpc_method_handler(pull, request_deserializer=parse)
+
+        async def unary(request: Any, context: grpc.aio.ServicerContext) -> bytes:
             self.forwarded += 1
-            metadata = [[k, v] for k, v in (context.invocation_metadata() or ())]
+            raw = raw_of(request)
+            metadata = forwarded_metadata(context)
             left = context.time_remaining()
             try:
                 return await client.call(method, msgpack.packb([raw, metadata]),
@@ -349,7 +369,7 @@ class WorkerRouter:
             except ForwardedError as e:
                 await context.abort(e.code, e.message)
                 raise  # abort raises
-        return grpc.unary_unary_rpc_method_handler(unary)
+        return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=parse)
 
     def _forwarding(self, method: str, h: grpc.RpcMethodHandler,
                     owner_of: Callable[[Any], int]) -> grpc.RpcMethodHandler:
@@ -478,6 +498,14 @@ class WorkerRouter:
                 continue
             report["groups"].update(theirs["groups"])
         return report
+
+    async def _serve_meta_barrier(self, _body: bytes) -> bytes:
+        host = self.backend.node.host
+        try:
+            await host.read_barrier(META_GROUP)
+        except GroupUnavailable as e:
+            raise ForwardedError(grpc.StatusCode.UNAVAILABLE, str(e)) from None
+        return bytes(msgpack.packb(host.group(META_GROUP).applied))
 
     async def _serve_groups(self, _body: bytes) -> bytes:
         return json.dumps(groups_report(self.backend.node)).encode()

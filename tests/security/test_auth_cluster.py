@@ -65,9 +65,14 @@ def setup_users(node: ProcNode) -> None:
     a.AuthEnable(rpc_pb2.AuthEnableRequest(), timeout=T)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path_factory.mktemp("auth-cluster"), 3,
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-workers"])
+def cluster(tmp_path_factory: pytest.TempPathFactory,
+            request: pytest.FixtureRequest) -> Iterator[ProcCluster]:
+    """Three members; with two workers, auth lives in worker 0's meta group and the
+    other worker checks callers on its copy (a token it does not know yet looked up
+    again once the copy caught up), and a forwarded call is checked again where it is
+    served (``docs/workers.md``)."""
+    c = ProcCluster(tmp_path_factory.mktemp("auth-cluster"), 3, workers=request.param,
                     extra=("--snapshot-count", "16"))
     c.start_all()
     try:
@@ -93,6 +98,19 @@ def test_a_token_from_one_member_works_on_every_member(cluster: ProcCluster) -> 
         assert error(node.kv().Range, rpc_pb2.RangeRequest(key=b"/t/0"),
                      metadata=md(token + "x")) == (grpc.StatusCode.UNAUTHENTICATED,
                                                    "etcdserver: invalid auth token")
+        for _ in range(3):  # fresh connections: with workers, either one takes it
+            node.close_channel()
+            # The metadata that names the caller of a call forwarded between a node's
+            # workers (or marks a recipe's own step) admits nobody when a client sends it.
+            for claim in (("accord-forwarded-user", "root"), ("accord-forwarded-internal", "1")):
+                assert error(node.kv().Put, rpc_pb2.PutRequest(key=b"/t/claimed", value=b"v"),
+                             metadata=[claim]) == (
+                    grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: user name is empty")
+            # A token issued through one worker is known at once by the other.
+            fresh = login(node, "u")
+            node.close_channel()
+            assert node.kv().Range(rpc_pb2.RangeRequest(key=b"/t/0"), metadata=md(fresh),
+                                   timeout=T).count == 1
 
 
 def test_watch_and_lease_revoke_are_enforced(cluster: ProcCluster) -> None:

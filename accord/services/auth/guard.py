@@ -39,6 +39,10 @@ IDENTITY: ContextVar[Identity] = ContextVar("accord_auth_identity", default=None
 """Set by the interceptor for the call being served."""
 
 TOKEN_KEYS = ("token", "authorization")
+FORWARDED_USER = "accord_forwarded_user"
+"""The ``auth_context`` key under which a call forwarded between the worker processes of
+one node (``node/forwardgrpc.py``) names the user the receiving worker identified. Only
+the forwarding socket's own context sets it; a client's metadata never becomes it."""
 
 
 async def _no_barrier() -> None:
@@ -69,6 +73,10 @@ class AuthGuard:
         self.jwt = jwt
         self.client_cert_auth = client_cert_auth
         self.bcrypt_cost = bcrypt_cost
+        self.lagging = False
+        """This member's auth state is a copy that may trail its meta group (a worker
+        of a node of several, ``docs/workers.md``): a token it does not know yet is
+        looked up again after the barrier (:meth:`identify_fresh`)."""
 
     @property
     def enabled(self) -> bool:
@@ -89,12 +97,28 @@ class AuthGuard:
             if info is None:
                 raise errors.INVALID_AUTH_TOKEN
             return info
+        if auth_context and (forwarded := auth_context.get(FORWARDED_USER)):
+            return AuthInfo(forwarded[0].decode("utf-8", "replace"),
+                            self.machine.store.revision, at_lookup=True)
         if self.client_cert_auth and auth_context:
             names = auth_context.get("x509_common_name")
             if names:
                 return AuthInfo(names[0].decode("utf-8", "replace"), self.machine.store.revision,
                                 at_lookup=True)
         return None
+
+    async def identify_fresh(self, metadata: Iterable[tuple[str, Any]] | None,
+                             auth_context: dict[str, list[bytes]] | None) -> AuthInfo | None:
+        """:meth:`identify`; on a :attr:`lagging` copy, a token not known yet is looked
+        up again once the copy caught up with its meta group (a token issued a moment
+        ago through another worker)."""
+        try:
+            return self.identify(metadata, auth_context)
+        except EtcdError as e:
+            if not self.lagging or e.message != errors.INVALID_AUTH_TOKEN.message:
+                raise
+        await self.barrier()
+        return self.identify(metadata, auth_context)
 
     def _token_info(self, token: str) -> AuthInfo | None:
         if self.jwt is not None and token.count(".") == 2:

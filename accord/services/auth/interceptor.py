@@ -268,8 +268,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         guard = self.guard
         try:
             try:
-                info: AuthInfo | None = guard.identify(context.invocation_metadata(),
-                                                       context.auth_context())
+                info: AuthInfo | None = await guard.identify_fresh(
+                    context.invocation_metadata(), context.auth_context())
             except EtcdError as e:
                 if rule.rule is Rule.STREAM:
                     IDENTITY.set(e)
@@ -292,7 +292,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         answer (a refused caller gets the refusal, never the data)."""
         guard = self.guard
         try:
-            info = guard.identify(context.invocation_metadata(), context.auth_context())
+            info = await guard.identify_fresh(context.invocation_metadata(),
+                                              context.auth_context())
         except EtcdError as e:
             await context.abort(e.code, e.message)
         needs_of = list(rule.needs(request)) if rule.needs else []
