@@ -132,8 +132,7 @@ class Config:
     shards: int = _opt(8, "Number of key-space shards (Raft groups) at bootstrap, besides the meta group.")
     workers: int = _opt(1, "Worker processes of this node (docs/workers.md): KV shard s runs in "
                            "worker s mod N, peer port P+k is worker k's; fixed when the data "
-                           "directory is created. Above 1, replica repair "
-                           "(--member-dead-after) is refused (docs/workers.md, \"Status\").")
+                           "directory is created.")
     max_request_bytes: int = _opt(1536 * 1024, "Largest client request accepted, in bytes.")
     quota_backend_bytes: int = _opt(2 << 30, "Storage quota in bytes; writes are refused above it.")
     max_txn_ops: int = _opt(128, "Most operations in one Txn.")
@@ -434,9 +433,6 @@ class Config:
         if self.workers > self.shards:
             out.append(f"workers {self.workers}: needs at least as many shards (--shards is "
                        f"{self.shards})")
-        if self.member_dead_after > 0:
-            out.append(f"--workers {self.workers} does not support --member-dead-after yet "
-                       f"(replica repair is not tested on nodes of several workers)")
         return out
 
     def validate(self) -> None:

@@ -187,9 +187,12 @@ def test_add_a_fourth_node_then_remove_one_under_writes(cluster: ProcCluster) ->
         n4.close_channel()
 
 
-def test_replica_repair_removes_a_member_dead_for_too_long(tmp_path: Path) -> None:
-    """Issue #6: with --member-dead-after, a killed voter leaves the cluster by itself."""
-    with ProcCluster(tmp_path, 4, extra=("--shards", "2", "--member-dead-after", "2")) as c:
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-workers"])
+def test_replica_repair_removes_a_member_dead_for_too_long(tmp_path: Path, workers: int) -> None:
+    """Issue #6: with --member-dead-after, a killed voter leaves the cluster by itself
+    (with two workers: worker 0 decides, every worker's groups follow the table)."""
+    with ProcCluster(tmp_path, 4, workers=workers,
+                     extra=("--shards", "2", "--member-dead-after", "2")) as c:
         n1, _, _, n4 = c.nodes
         c.put(b"/r/before", b"1")
         n4_id = c.status(n4).header.member_id

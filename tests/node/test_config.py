@@ -195,7 +195,6 @@ def test_resolved_does_not_share_lists() -> None:
     (["--workers", "4", "--shards", "2"], "workers 4: needs at least as many shards"),
     (["--workers", "2", "--listen-metrics-urls", "https://127.0.0.1:9000"],
      "listen-metrics-urls: https://127.0.0.1:9000 is https://"),
-    (["--workers", "2", "--member-dead-after", "30"], "does not support --member-dead-after"),
 ])
 def test_what_several_workers_refuse_at_startup(argv: list[str], why: str) -> None:
     """docs/workers.md, "Status": a setting the workers cannot honour stops the node
