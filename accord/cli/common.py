@@ -33,6 +33,7 @@ from typing import Any
 from accord.client.errors import ClientError
 from accord.client.sync import SyncClient
 from accord.client.tls import TLSOptions, TLSOptionsError
+from accord.services.auth.tokens import parse_duration
 
 CALL_TIMEOUT_S = 20.0
 """Deadline of one call (a scheduler submit waits for a Raft commit and a barrier)."""
@@ -40,10 +41,27 @@ RETRY_BUDGET_S = 8.0
 """How long a command keeps failing over before it reports the cluster unavailable."""
 
 
+def _duration(text: str) -> float:
+    """``--command-timeout``'s value: a Go duration as etcdctl takes it (``5s``, ``1m``)
+    or plain seconds; positive."""
+    try:
+        seconds = float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return seconds
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``--endpoints`` and etcdctl's TLS options, on a client subcommand's parser."""
+    """``--endpoints``, ``--command-timeout`` and etcdctl's TLS options, on a client
+    subcommand's parser."""
     p.add_argument("--endpoints", help="comma-separated client endpoints "
                                        "(host:port, http://host:port or https://host:port)")
+    p.add_argument("--command-timeout", type=_duration, default=None, metavar="DURATION",
+                   help="the longest a command may take, as etcdctl's: its calls and its "
+                        "tries of the endpoints before it reports the cluster unavailable "
+                        f"(default: {RETRY_BUDGET_S:g}s of tries, {CALL_TIMEOUT_S:g}s a call)")
     p.add_argument("--cacert", dest="tls_cacert", metavar="FILE",
                    help="verify servers with this CA bundle (PEM) [env ACCORD_CACERT]")
     p.add_argument("--cert", dest="tls_cert", metavar="FILE",
@@ -94,6 +112,10 @@ def client(args: argparse.Namespace, *, call_timeout_s: float = CALL_TIMEOUT_S) 
     """A blocking client of the cluster a subcommand was given (``--endpoints`` and the
     TLS options; close it, or use ``with``)."""
     eps = from_args(args)
+    given = getattr(args, "command_timeout", None)
+    if given is not None:  # the whole command bounded, each call included
+        return SyncClient(list(eps), tls=eps.tls, call_timeout_s=min(call_timeout_s, given),
+                          retry_budget_s=given)
     return SyncClient(list(eps), tls=eps.tls, call_timeout_s=call_timeout_s,
                       retry_budget_s=RETRY_BUDGET_S)
 

@@ -29,6 +29,11 @@ from accord.node.certs import CertFiles, CertificateAuthority, make_cluster_pki
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.testing import HOST, free_port_blocks, free_ports
 
+DEFAULT_WORKERS = int(os.environ.get("ACCORD_TEST_WORKERS", "1"))
+"""``--workers`` of the clusters a test does not give a count: 1 (a node of one process)
+unless ``ACCORD_TEST_WORKERS`` says otherwise, so that the integration tests can be run
+on nodes of several workers as a whole (``docs/workers.md``, step 4)."""
+
 
 @dataclass
 class ClusterTLS:
@@ -123,7 +128,10 @@ class ProcCluster:
 
     def __init__(self, root: Path, n: int = 3, *, heartbeat_ms: int = 50,
                  election_ms: int = 500, extra: tuple[str, ...] = (),
-                 tls: ClusterTLS | None = None, workers: int = 1) -> None:
+                 tls: ClusterTLS | None = None, workers: int | None = None) -> None:
+        if workers is None:  # the suite's default kind of node (one process unless asked)
+            shards = int(extra[extra.index("--shards") + 1]) if "--shards" in extra else 8
+            workers = min(DEFAULT_WORKERS, shards)
         ports = free_ports(4 * n)
         if workers > 1:
             # Worker k of a node listens on its peer port + k: a free block per node.

@@ -62,5 +62,12 @@ def test_kv_put_get_delete(cluster: ProcCluster) -> None:
 
 
 def test_unreachable_endpoint_is_a_clear_error(tmp_path: Path) -> None:
-    out = accord("kv", "get", "x", "--endpoints", "127.0.0.1:1")
+    """A cluster nobody answers for: UNAVAILABLE once ``--command-timeout`` (etcdctl's
+    flag) is spent; a bad timeout is refused before any call."""
+    out = accord("kv", "get", "x", "--endpoints", "127.0.0.1:1", "--command-timeout", "1s")
     assert out.returncode == 1 and "UNAVAILABLE" in out.stderr
+    assert "within 1s" in out.stderr, out.stderr
+    for bad in ("0s", "soon"):
+        refused = accord("kv", "get", "x", "--endpoints", "127.0.0.1:1",
+                         "--command-timeout", bad)
+        assert refused.returncode == 2 and "--command-timeout" in refused.stderr
