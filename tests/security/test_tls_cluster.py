@@ -73,7 +73,7 @@ def test_etcdctl_over_mutual_tls_and_writes_replicate(tls_cluster: ProcCluster) 
 
 
 def _refused(endpoint: str, flags: list[str]) -> str:
-    out = etcdctl(endpoint, *flags, "--dial-timeout=2s", "--command-timeout=4s", "put", "/x", "y",
+    out = etcdctl(endpoint, *flags, "--dial-timeout=1s", "--command-timeout=2s", "put", "/x", "y",
                   check=False)
     assert "OK" not in out.split(), out
     return out
@@ -139,7 +139,7 @@ def test_accord_cli_over_mutual_tls(tls_cluster: ProcCluster, tmp_path: Path) ->
     missing = _accord("kv", "get", "/tls/cli", *flags[:2], "--cacert", str(tmp_path / "nope.pem"))
     assert missing.returncode == 2
     assert f"--cacert {tmp_path / 'nope.pem'}: no such file" in missing.stderr
-    no_cert = _accord("kv", "get", "/tls/cli", *flags[:4])
+    no_cert = _accord("kv", "get", "/tls/cli", *flags[:4], "--command-timeout", "2s")
     assert no_cert.returncode == 1 and "UNAVAILABLE" in no_cert.stderr
 
 
