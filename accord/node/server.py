@@ -71,7 +71,7 @@ from accord.node.metacopy import MetaCopy, MetaFeed
 from accord.node.metrics import NodeMetrics
 from accord.node.peerprobe import PeerProber, tls_credentials
 from accord.node.placement import WORKERS_FILE, PlacementError, WorkerPlan, check_workers
-from accord.node.supervisor import CONFIG_EXIT, REMOVED_EXIT, Supervisor
+from accord.node.supervisor import MISFIT_EXIT, REMOVED_EXIT, Supervisor
 from accord.node.tls import ReloadingTLS, client_files, peer_files
 from accord.node.workermetrics import WorkersMetricsServer
 from accord.node.workers import META_BARRIER, RoutedLockStore, WorkerRouter
@@ -792,7 +792,7 @@ async def serve(config: Config, log_context: logs.LogContext | None = None,
         print(f"accord: node stopped: {reason}", file=sys.stderr)
         left = reason.startswith("this member was removed")
         if cfg.workers > 1:  # the supervisor stops the node instead of restarting this one
-            return REMOVED_EXIT if left else CONFIG_EXIT
+            return REMOVED_EXIT if left else MISFIT_EXIT
         return 0 if left else 1
     return 0
 
@@ -882,7 +882,7 @@ async def supervise(config: Config, argv: Sequence[str]) -> int:
             await http.stop()
     if sup.failed.done():
         print(f"accord serve: {sup.failed.result()}", file=sys.stderr)
-        return 0 if sup.removed else 2
+        return sup.exit_code
     return 0
 
 

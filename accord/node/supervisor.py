@@ -35,6 +35,10 @@ CONFIG_EXIT = 2
 REMOVED_EXIT = 3
 """A worker's exit status once its member was removed from the cluster: the node stops
 (exit 0, as a node of one process does), nothing is restarted."""
+MISFIT_EXIT = 4
+"""A worker's exit status when its member cannot be part of the cluster (the cluster's
+shard count is not the node's): the node stops (exit 1, as a node of one process does),
+nothing is restarted."""
 
 
 def restart_delay(failures: int) -> float:
@@ -73,6 +77,9 @@ class Supervisor:
         self.failed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.removed = False
         """A worker ended because this member was removed (``failed`` says which)."""
+        self.exit_code = 2
+        """The node's exit status once ``failed``: 0 removed, 1 cannot be part of the
+        cluster, 2 a configuration refused."""
         """Set with the reason when a worker cannot be kept running (the node must stop)."""
         self._changed = asyncio.Event()
         self._spawning = asyncio.Lock()
@@ -105,10 +112,13 @@ class Supervisor:
             w.last_exit = code
             if self._stopping:
                 return
-            if code == REMOVED_EXIT:
-                why = f"worker {w.index}: this member was removed from the cluster"
+            if code in (REMOVED_EXIT, MISFIT_EXIT):
+                why = (f"worker {w.index}: this member was removed from the cluster"
+                       if code == REMOVED_EXIT else
+                       f"worker {w.index}: this member cannot be part of the cluster; see its log")
                 log.warning("%s; stopping the node", why)
-                self.removed = True
+                self.exit_code = 0 if code == REMOVED_EXIT else 1
+                self.removed = code == REMOVED_EXIT
                 if not self.failed.done():
                     self.failed.set_result(why)
                 return

@@ -127,7 +127,8 @@ def test_a_cluster_killed_and_wiped_comes_back_from_one_backup(tmp_path: Path) -
     new = ProcCluster(tmp_path / "new", 3, extra=SHARDS)
     for node in new.nodes:
         out = accord("snapshot", "restore", str(backup), "--name", node.name,
-                     "--data-dir", str(node.data_dir), "--initial-cluster", new.initial)
+                     "--data-dir", str(node.data_dir), "--initial-cluster", new.initial,
+                     "--workers", str(new.workers))
         assert out.returncode == 0, out.stderr
         assert "2 shards" in out.stdout
     wrong = accord("snapshot", "restore", str(backup), "--name", "n1", "--shards", "4",
@@ -202,7 +203,8 @@ def test_an_etcd_backup_starts_an_accord_cluster(tmp_path: Path) -> None:
     c = ProcCluster(tmp_path / "accord", 3, extra=SHARDS)
     for node in c.nodes:
         out = accord("snapshot", "restore", str(path), "--name", node.name, "--data-dir",
-                     str(node.data_dir), "--initial-cluster", c.initial, *SHARDS)
+                     str(node.data_dir), "--initial-cluster", c.initial, *SHARDS,
+                     "--workers", str(c.workers))
         assert out.returncode == 0, out.stderr
         assert "restored etcd backup" in out.stdout
     try:

@@ -21,7 +21,9 @@ from tests.integration.proxy import LinkProxies
 def proxied_cluster(tmp_path: Path, extra: tuple[str, ...] = ()) -> Iterator[
         tuple[ProcCluster, LinkProxies]]:
     """Three daemons whose every peer link goes through a proxy that can cut it."""
-    c = ProcCluster(tmp_path, 3, extra=extra)
+    # One process per node: the proxies stand for each member's one peer port (a node
+    # of several workers listens on a port per worker, which these proxies do not carry).
+    c = ProcCluster(tmp_path, 3, extra=extra, workers=1)
     proxies = LinkProxies()
     try:
         for a in c.nodes:

@@ -175,7 +175,10 @@ def test_a_member_refuses_another_shard_count_for_its_data(
 ) -> None:
     # The member recorded its shard count when it created its data directory; a copy
     # of that record (not the live directory) is enough to be refused.
-    (tmp_path / "shards").write_bytes((cluster.nodes[0].data_dir / "shards").read_bytes())
+    recorded = cluster.nodes[0].data_dir  # with workers, each worker's directory has it
+    if cluster.workers > 1:
+        recorded = recorded / "worker-0"
+    (tmp_path / "shards").write_bytes((recorded / "shards").read_bytes())
     out = subprocess.run(
         [sys.executable, "-m", "accord", "serve", "--name", "x", "--data-dir", str(tmp_path),
          "--shards", str(SHARDS + 1), "--listen-client-urls", "http://127.0.0.1:1",

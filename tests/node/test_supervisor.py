@@ -12,6 +12,7 @@ import pytest
 from accord.node.supervisor import (
     CONFIG_EXIT,
     MAX_DELAY_S,
+    MISFIT_EXIT,
     REMOVED_EXIT,
     Supervisor,
     restart_delay,
@@ -86,15 +87,19 @@ async def test_a_worker_refusing_its_config_stops_the_node_instead_of_looping() 
         await sup.stop()
 
 
-async def test_a_worker_of_a_removed_member_stops_the_node_cleanly() -> None:
-    """A worker whose member was removed from the cluster exits ``REMOVED_EXIT``: not
-    restarted, the node stops, and says it was removed (``accord serve`` exits 0)."""
-    sup = Supervisor([[sys.executable, "-c", f"raise SystemExit({REMOVED_EXIT})"], SLEEPER])
+@pytest.mark.parametrize(("code", "node_exit", "says"), [
+    (REMOVED_EXIT, 0, "removed"), (MISFIT_EXIT, 1, "cannot be part of the cluster")])
+async def test_a_worker_of_a_member_out_of_the_cluster_stops_the_node(
+        code: int, node_exit: int, says: str) -> None:
+    """A worker whose member was removed from the cluster (``REMOVED_EXIT``) or cannot be
+    part of it (``MISFIT_EXIT``): not restarted, the node stops, saying why, with the
+    exit status a node of one process gives (0, 1)."""
+    sup = Supervisor([[sys.executable, "-c", f"raise SystemExit({code})"], SLEEPER])
     await sup.start()
     try:
         why = await asyncio.wait_for(sup.failed, 30)
-        assert "worker 0" in why and "removed" in why
-        assert sup.removed and sup.workers[0].restarts == 0
+        assert "worker 0" in why and says in why
+        assert sup.exit_code == node_exit and sup.workers[0].restarts == 0
     finally:
         await sup.stop()
     sleeper = sup.workers[1].pid
