@@ -93,7 +93,9 @@ class LossyCluster:
 def lossy(tmp_path: Path) -> Iterator[LossyCluster]:
     seed = int(os.environ.get("POWER_CUT_SEED", random.randrange(1 << 30)))
     print(f"POWER_CUT_SEED={seed}")
-    c = ProcCluster(tmp_path, 3, extra=EXTRA)
+    # One process per node: lossyfs (FUSE) holds no Unix sockets, and a node of several
+    # workers keeps its forwarding sockets in its data directory.
+    c = ProcCluster(tmp_path, 3, extra=EXTRA, workers=1)
     lc = LossyCluster(c, {}, seed, tmp_path)
     try:
         for n in c.nodes:

@@ -193,6 +193,13 @@ def _bank(cluster: ProcCluster, fault: Callable[[int, set[int]], None]) -> None:
     assert not problems, problems[:5]
     assert committed[0] > 0 and len(sums) > 10, (committed, len(sums))
     assert all(x == total for x in sums), [x for x in sums if x != total][:10]
-    final = cluster.nodes[1].kv().Range(everything, timeout=30)
-    assert sum(int(kv.value) for kv in final.kvs) == total
+    final = None
+    for _ in range(100):  # the member hit may still be finding its leaders: retried, as
+        try:              # etcd's clients retry UNAVAILABLE
+            final = cluster.nodes[1].kv().Range(everything, timeout=30)
+            break
+        except grpc.RpcError as e:
+            assert e.code() in RETRY, e
+            time.sleep(0.1)
+    assert final is not None and sum(int(kv.value) for kv in final.kvs) == total
     print(f"transfers committed {committed[0]}, audits {len(sums)}")
