@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,71 +46,66 @@ class Owner:
             self.closed.set()
 
 
-async def linked(tmp_path: Path) -> tuple[Owner, StreamOwner, ForwardServer, ForwardClient]:
+@dataclass
+class Linked:
+    owner: Owner
+    streams: StreamOwner
+    client: ForwardClient
+
+
+@pytest.fixture
+async def linked(tmp_path: Path) -> AsyncIterator[Linked]:
+    """The owner's streams served on a real forwarding socket, and a client of it."""
     owner = Owner()
     table = {m: grpc.unary_stream_rpc_method_handler(f)
              for m, f in ((COUNT, owner.count), (FAIL, owner.fail), (FOREVER, owner.forever))}
     streams = StreamOwner(table)
     server = ForwardServer(tmp_path / "w0.sock", streams.handlers())
     await server.start()
-    return owner, streams, server, ForwardClient(tmp_path / "w0.sock")
-
-
-async def test_a_pulled_stream_delivers_every_response_in_order_then_ends(tmp_path: Path) -> None:
-    _owner, streams, server, client = await linked(tmp_path)
+    client = ForwardClient(tmp_path / "w0.sock")
     try:
-        puller = StreamPuller(1)
-        got = [x async for x in puller.pull(client, COUNT, b"300", ForwardedContext([]))]
-        assert got == [b"%d" % i for i in range(300)]  # several polls' worth, in order
-        assert len(streams) == 0
+        yield Linked(owner, streams, client)
     finally:
         await client.close()
         await server.stop()
 
 
-async def test_the_owners_status_ends_the_pulled_call(tmp_path: Path) -> None:
-    _owner, streams, server, client = await linked(tmp_path)
-    try:
-        got = []
+async def test_a_pulled_stream_delivers_every_response_in_order_then_ends(
+        linked: Linked) -> None:
+    puller = StreamPuller(1)
+    got = [x async for x in puller.pull(linked.client, COUNT, b"300", ForwardedContext([]))]
+    assert got == [b"%d" % i for i in range(300)]  # several polls' worth, in order
+    assert len(linked.streams) == 0
+
+
+async def test_the_owners_status_ends_the_pulled_call(linked: Linked) -> None:
+    got = []
+    with pytest.raises(ForwardedError) as e:
+        async for x in StreamPuller(1).pull(linked.client, FAIL, b"", ForwardedContext([])):
+            got.append(x)
+    assert got == [b"first"]
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert e.value.message == "the owner says no"
+    assert len(linked.streams) == 0
+
+
+async def test_a_client_going_away_ends_the_owners_call(linked: Linked) -> None:
+    stream = StreamPuller(1).pull(linked.client, FOREVER, b"", ForwardedContext([]))
+    assert [await anext(stream) for _ in range(5)] == [b"%d" % i for i in range(5)]
+    assert len(linked.streams) == 1
+    await stream.aclose()  # what gRPC does when the client cancels
+    async with asyncio.timeout(5):
+        await linked.owner.closed.wait()
+    assert len(linked.streams) == 0
+
+
+async def test_bad_polls_are_refused_and_start_nothing(linked: Linked) -> None:
+    for body, code in (
+            (["s.1", None, 8], grpc.StatusCode.NOT_FOUND),  # no such stream, no opening
+            (["s.2", ["/test.Stream/Nope", b"", []], 8], grpc.StatusCode.UNIMPLEMENTED),
+            (["s.3", ["x"], 8], grpc.StatusCode.INVALID_ARGUMENT),
+            ([1, 2], grpc.StatusCode.INVALID_ARGUMENT)):
         with pytest.raises(ForwardedError) as e:
-            async for x in StreamPuller(1).pull(client, FAIL, b"", ForwardedContext([])):
-                got.append(x)
-        assert got == [b"first"]
-        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
-        assert e.value.message == "the owner says no"
-        assert len(streams) == 0
-    finally:
-        await client.close()
-        await server.stop()
-
-
-async def test_a_client_going_away_ends_the_owners_call(tmp_path: Path) -> None:
-    owner, streams, server, client = await linked(tmp_path)
-    try:
-        stream = StreamPuller(1).pull(client, FOREVER, b"", ForwardedContext([]))
-        assert [await anext(stream) for _ in range(5)] == [b"%d" % i for i in range(5)]
-        assert len(streams) == 1
-        await stream.aclose()  # what gRPC does when the client cancels
-        async with asyncio.timeout(5):
-            await owner.closed.wait()
-        assert len(streams) == 0
-    finally:
-        await client.close()
-        await server.stop()
-
-
-async def test_bad_polls_are_refused_and_start_nothing(tmp_path: Path) -> None:
-    _owner, streams, server, client = await linked(tmp_path)
-    try:
-        for body, code in (
-                (["s.1", None, 8], grpc.StatusCode.NOT_FOUND),  # no such stream, no opening
-                (["s.2", ["/test.Stream/Nope", b"", []], 8], grpc.StatusCode.UNIMPLEMENTED),
-                (["s.3", ["x"], 8], grpc.StatusCode.INVALID_ARGUMENT),
-                ([1, 2], grpc.StatusCode.INVALID_ARGUMENT)):
-            with pytest.raises(ForwardedError) as e:
-                await client.call(STREAM_POLL, msgpack.packb(body), 5.0)
-            assert e.value.code == code, body
-        assert len(streams) == 0
-    finally:
-        await client.close()
-        await server.stop()
+            await linked.client.call(STREAM_POLL, msgpack.packb(body), 5.0)
+        assert e.value.code == code, body
+    assert len(linked.streams) == 0
