@@ -243,9 +243,20 @@ class ProcCluster:
                 raise AssertionError(f"{node.name} exited with {node.proc.returncode}; "
                                      f"log:\n{self.log(node)}")
             with contextlib.suppress(OSError), socket.create_connection((HOST, node.client_port), 0.2):
-                return
+                if self._every_worker_serves(node):
+                    return
             time.sleep(0.05)
         raise AssertionError(f"{node.name} did not serve within {timeout}s; log:\n{self.log(node)}")
+
+    def _every_worker_serves(self, node: ProcNode) -> bool:
+        """With ``--workers``: every worker of the node's latest start says it serves
+        (the port answers as soon as the first one listens)."""
+        if self.workers == 1:
+            return True
+        text = node.log_path.read_text(errors="replace")
+        latest = text[text.rfind("supervising"):]
+        return all(f"worker {k} of {self.workers} " in latest and "serving clients" in latest
+                   for k in range(self.workers))
 
     def worker_pids(self, node: ProcNode) -> dict[int, int]:
         """Worker index -> pid of ``node``'s live worker processes (``--workers`` > 1):
