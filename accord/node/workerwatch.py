@@ -45,6 +45,7 @@ import grpc
 import msgpack
 
 from accord.node.forward import ForwardClient, ForwardedError, Handler
+from accord.node.forwardgrpc import decode_fields
 from accord.node.placement import WorkerPlan
 from accord.node.polled import PolledTable
 from accord.proto import kv_pb2
@@ -143,10 +144,7 @@ class WatchFeeds:
         return feed
 
     async def _serve_poll(self, body: bytes) -> bytes:
-        try:
-            name, spec, seen, max_events = msgpack.unpackb(body)
-        except (ValueError, TypeError, msgpack.UnpackException):
-            raise _bad("a watch poll carries [feed, open, seen_closed, max_events]") from None
+        name, spec, seen, max_events = decode_fields(body, 4)
         if not isinstance(name, str) or type(seen) is not int or type(max_events) is not int:
             raise _bad("malformed watch poll")
         feed = self._feeds.polled(name, spec, self._open)
@@ -173,10 +171,7 @@ class WatchFeeds:
                                     w.store_revision(), w.resume_revision()]))
 
     async def _serve_nudge(self, body: bytes) -> bytes:
-        try:
-            name, progress, advance_to = msgpack.unpackb(body)
-        except (ValueError, TypeError, msgpack.UnpackException):
-            raise _bad("a watch nudge carries [feed, progress, advance_to]") from None
+        name, progress, advance_to = decode_fields(body, 3)
         feed = self._feeds.get(name) if isinstance(name, str) else None
         if feed is None or type(advance_to) is not int:
             return b""  # ended meanwhile: its poll answers the end
@@ -207,10 +202,7 @@ class WatchFeeds:
             feed.floor_want = 0
 
     async def _serve_close(self, body: bytes) -> bytes:
-        try:
-            (name,) = msgpack.unpackb(body)
-        except (ValueError, TypeError, msgpack.UnpackException):
-            raise _bad("a watch close carries [feed]") from None
+        (name,) = decode_fields(body, 1)
         if isinstance(name, str):
             self._feeds.close(name)
         return b""
