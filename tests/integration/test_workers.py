@@ -538,7 +538,11 @@ def test_a_real_etcdctl_watch_through_any_endpoint_sees_both_workers_in_revision
             while len(_watch_events(got)) < len(want) and time.monotonic() < deadline:
                 with contextlib.suppress(queue.Empty):
                     got.append(lines.get(timeout=max(0.01, deadline - time.monotonic())))
-            assert _watch_events(got) == want, n.name
+            if _watch_events(got) != want:  # say what etcdctl said (a cancel, an error)
+                proc.kill()
+                _out, err = proc.communicate(timeout=10)
+                raise AssertionError(f"{n.name}: {_watch_events(got)} != {want}; "
+                                     f"etcdctl stderr: {err}")
     finally:
         for proc in watchers:
             proc.kill()
