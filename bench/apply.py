@@ -13,7 +13,11 @@ Raft, no gRPC and no disk, on a fresh :class:`KVStateMachine` per cell:
   (``validate`` + ``encode``, as ``StateMachineBackend.put``/``txn`` do), per put;
 * ``put+watch``: ``put`` with 100 watchers on other keys (the hub's per-put cost when
   nobody watches the written key);
-* ``get``: single-key Ranges as the backend serves them (validate + range), per get.
+* ``get``: single-key Ranges as the backend serves them (validate + range), per get;
+* ``cas`` / ``cas2``: ``bench/kv.py``'s ``stxn`` and ``txn2`` Txns (a compare-and-set of
+  one key; of two keys on different shards) through ``StateMachineBackend.txn`` over 8
+  shards, every command applied on three replicas as a 3-member cluster applies it (the
+  coordinator's work included, no Raft): what a Txn's own Python costs, per Txn.
 
 Each cell runs ``--reps`` times; the table shows the best (least disturbed by the other
 tenants of the machine) microseconds per op and ops/s (an op is one put; for ``get``,
@@ -27,6 +31,7 @@ The last line of output is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import cProfile
 import json
 import pstats
@@ -34,13 +39,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from accord.proto import rpc_pb2  # noqa: E402
+from accord.services.kv.backend import HeaderInfo, StateMachineBackend  # noqa: E402
 from accord.services.kv.statemachine import KVStateMachine  # noqa: E402
+from bench.workloads import two_shard_keys  # noqa: E402
 
 VALUE = b"v" * 256
 TXN_OPS = 128
@@ -156,6 +164,80 @@ def cell_get(ops: int, keys: int) -> Callable[[], int]:
     return body
 
 
+class Replicated(StateMachineBackend):
+    """``shards`` shards of three replicas each, every command applied on all three at
+    once (the first one's answer returned): a 3-member cluster's apply work, no Raft."""
+
+    def __init__(self, shards: int = 8) -> None:
+        super().__init__([KVStateMachine(lease_id_seed=i + 2) for i in range(shards)])
+        self.followers = [[KVStateMachine(lease_id_seed=i + 2) for i in range(shards)]
+                          for _ in range(2)]
+        for copy in self.followers:
+            for i, m in enumerate(copy):
+                m.set_stripe((shards, i))
+
+    async def commit(self, command: bytes, shard: int = 0) -> Any:
+        answer = self.machines[shard].apply(command)
+        for copy in self.followers:
+            copy[shard].apply(command)
+        return answer
+
+    async def read_barrier(self, shard: int = 0) -> None:
+        return None
+
+    def header_info(self) -> HeaderInfo:
+        return HeaderInfo(1, 1, 1, 1)
+
+
+def _cas(key_sets: list[tuple[bytes, ...]], ops: int) -> Callable[[], int]:
+    """``ops`` compare-and-set Txns, one per key set in turn, each on the revision the
+    set's last Txn answered (every one succeeds), through :class:`Replicated`."""
+    backend = Replicated()
+    value = VALUE
+
+    async def seed() -> list[list[int]]:
+        revs = []
+        for keys in key_sets:
+            r = [(await backend.put(rpc_pb2.PutRequest(key=k, value=value))).header.revision
+                 for k in keys]
+            revs.append(r)
+        return revs
+
+    revs = asyncio.run(seed())
+
+    async def run() -> int:
+        for i in range(ops):
+            j = i % len(key_sets)
+            keys, rev = key_sets[j], revs[j]
+            t = await backend.txn(rpc_pb2.TxnRequest(
+                compare=[rpc_pb2.Compare(key=k, target=rpc_pb2.Compare.MOD,
+                                         result=rpc_pb2.Compare.EQUAL, mod_revision=r)
+                         for k, r in zip(keys, rev, strict=True)],
+                success=[rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=k, value=value))
+                         for k in keys],
+                failure=[rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=k))
+                         for k in keys],
+            ))
+            if not t.succeeded:
+                raise RuntimeError(f"compare-and-set lost on {keys!r}")
+            revs[j] = [int(t.header.revision)] * len(keys)
+        await backend.xcoord.drain()
+        return ops
+
+    return lambda: asyncio.run(run())
+
+
+def cell_cas(ops: int, keys: int) -> Callable[[], int]:
+    """One-shard compare-and-set Txns (``stxn``), reported per Txn."""
+    return _cas([(b"/bench-apply-scas/%d" % c,) for c in range(16)], max(1, ops // 20))
+
+
+def cell_cas2(ops: int, keys: int) -> Callable[[], int]:
+    """Two-shard compare-and-set Txns (``txn2``), reported per Txn."""
+    return _cas([two_shard_keys(f"/bench-apply-cas2/{c}") for c in range(16)],
+                max(1, ops // 20))
+
+
 CELLS: dict[str, Callable[[int, int], Callable[[], int]]] = {
     "put": cell_apply_put,
     "txn128": cell_apply_txn,
@@ -163,6 +245,8 @@ CELLS: dict[str, Callable[[int, int], Callable[[], int]]] = {
     "propose-txn128": cell_propose_txn,
     "put+watch": lambda ops, keys: cell_apply_put(ops, keys, watchers=100),
     "get": cell_get,
+    "cas": cell_cas,
+    "cas2": cell_cas2,
 }
 
 
@@ -174,7 +258,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3, help="runs per cell, best kept (default 3)")
     p.add_argument("--cells", default=",".join(CELLS), help="comma-separated cells to run")
     p.add_argument("--profile", type=int, default=0,
-                   help="cProfile the txn128 cell and print this many functions")
+                   help="cProfile a cell (--profile-cell) and print this many functions")
+    p.add_argument("--profile-cell", default="txn128", help="the cell --profile profiles")
     args = p.parse_args()
     cells = [c for c in args.cells.split(",") if c]
     unknown = [c for c in cells if c not in CELLS]
@@ -182,7 +267,9 @@ def main() -> None:
         p.error(f"--ops >= {TXN_OPS}, --keys >= 1, --reps >= 1, known --cells "
                 f"({', '.join(CELLS)}); unknown: {unknown}")
     if args.profile:
-        body = cell_apply_txn(args.ops, args.keys)
+        if args.profile_cell not in CELLS:
+            p.error(f"--profile-cell must be one of {', '.join(CELLS)}")
+        body = CELLS[args.profile_cell](args.ops, args.keys)
         prof = cProfile.Profile()
         prof.runcall(body)
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
@@ -196,7 +283,7 @@ def main() -> None:
         results[name] = {"us_per_op": round(best * 1e6, 3), "ops_per_s": round(1 / best)}
     print(f"KV write path in one process: {args.ops} puts per cell, {args.keys} keys, "
           f"256 B values, best of {args.reps}")
-    print(f"{'cell':<16}{'us/op':>10}{'ops/s':>12}   (an op: one put; for get, one get)")
+    print(f"{'cell':<16}{'us/op':>10}{'ops/s':>12}   (an op: one put; for get, one get; for cas/cas2, one Txn)")
     for name, r in results.items():
         print(f"{name:<16}{r['us_per_op']:>10.2f}{r['ops_per_s']:>12,.0f}")
     print(json.dumps({"ops": args.ops, "keys": args.keys, "reps": args.reps, "cells": results}))
