@@ -30,7 +30,7 @@ from typing import Any
 import msgpack
 
 from accord.proto import rpc_pb2
-from accord.services.kv import errors, txn, validate, xcommands, xplan, xtxn
+from accord.services.kv import errors, sharding, txn, validate, xcommands, xtxn
 from accord.services.kv.codec import Kind, decode, encode
 from accord.services.kv.intents import (
     ABORTED,
@@ -572,7 +572,7 @@ class KVStateMachine:
         now_ms: int, request: bytes,
     ) -> xcommands.Prepared:
         store, x = self._store, self._x
-        plan = xplan.plan_of(request)
+        req = _parse(rpc_pb2.TxnRequest, request)
         if shard == record:
             x.expire_records(now_ms)
             if txn_id in x.records:
@@ -583,17 +583,20 @@ class KVStateMachine:
             rev = store.striped(-rev, record)
         else:
             rev = max(rev, store.rev + 1)  # the candidate, or the lowest this shard can give
-        share = plan.share(shard, shards)
-        ranges = share.ranges
+        ranges = xtxn.intent_ranges(req, shard, shards, sharding.shards_of_range)
         if x.blocking_any(ranges) is not None:
             return xcommands.Prepared(False, "conflict", store.rev)
-        leases = share.leases
+
+        def owns(key: bytes) -> bool:
+            return sharding.shard_of(key, shards) == shard
+
+        leases = xtxn.put_leases(req, owns)
         if x.intents and x.revoking(leases) is not None:
             return xcommands.Prepared(False, "conflict", store.rev)
 
         answer = xcommands.Prepared(
-            True, "", rev, plan.partial_compares(store, store.rev),
-            plan.put_checks(self._exec, share), max(0, store.compact_rev),
+            True, "", rev, xtxn.partial_compares(store, req, store.rev),
+            xtxn.put_checks(self._exec, req, owns), max(0, store.compact_rev),
         )
         x.intents[txn_id] = Intent(txn_id, rev, record, deadline_ms, ranges, leases, request)
         if shard == record:
@@ -620,23 +623,26 @@ class KVStateMachine:
         rec = x.records.get(txn_id)
         if rec is not None:  # a resolver's tombstone came first (or this entry again)
             return xcommands.Prepared(False, "decided", store.rev)
-        plan = xplan.plan_of(request)
-        req = plan.req
-        share = plan.share(record, shards)
-        if x.intents and (x.blocking_any(share.ranges) is not None
-                          or x.revoking(share.leases) is not None):
+        req = _parse(rpc_pb2.TxnRequest, request)
+        ranges = xtxn.intent_ranges(req, record, shards, sharding.shards_of_range)
+
+        def owns(key: bytes) -> bool:
+            return sharding.shard_of(key, shards) == record
+
+        if x.intents and (x.blocking_any(ranges) is not None
+                          or x.revoking(xtxn.put_leases(req, owns)) is not None):
             return xcommands.Prepared(False, "conflict", store.rev)
-        own = plan.partial_compares(store, store.rev)
+        own = xtxn.partial_compares(store, req, store.rev)
         others = [[(bool(f), bool(k)) for f, k in row] for row in compares]
-        path = plan.path([own, others] if others else [own])
+        path = xtxn.path_of(req, xtxn.combine(req, [own, others] if others else [own]))
         found = {int(o): str(m) for o, m in checks}
-        found.update(plan.put_checks(self._exec, share))
+        found.update(xtxn.put_checks(self._exec, req, owns))
         rev = want if self.broken_decide_at_want else store.striped(max(want, -stamp), record)
         err = xtxn.first_error(req, path, found, rev, max(compact_rev, store.compact_rev))
         if err is not None:
             return xcommands.Prepared(False, "invalid", store.rev, error=err)
         x.records[txn_id] = Record(txn_id, COMMITTED, rev, deadline_ms, tuple(path), rev)
-        wt, resp, error = self._share_at(rev, req, path, share.owns)
+        wt, resp, error = self._share_at(rev, req, path, owns)
         self._commit(wt)
         store.raise_floor(rev)
         return xcommands.Committed(resp, xcommands.Decision(COMMITTED, tuple(path), rev), error)
@@ -758,8 +764,12 @@ class KVStateMachine:
             return xcommands.Committed(None, decision)
         if intent.revoke:
             return xcommands.Committed(self._x_revoke_share(intent), decision)
-        plan = xplan.plan_of(intent.request)
-        wt, resp, error = self._share_at(rev, plan.req, path, plan.share(shard, shards).owns)
+        req = _parse(rpc_pb2.TxnRequest, intent.request)
+
+        def owns(key: bytes) -> bool:
+            return sharding.shard_of(key, shards) == shard
+
+        wt, resp, error = self._share_at(rev, req, path, owns)
         del x.intents[txn_id]
         self._commit_at(wt)
         self._store.raise_floor(rev)  # a decided revision above this shard's: move up to it

@@ -56,26 +56,18 @@ def partial_compares(
     store: MVCCStore, req: rpc_pb2.TxnRequest, rev: int
 ) -> list[list[tuple[bool, bool]]]:
     """Per node, per compare: ``(found a key here, every key found here satisfies it)``."""
-    return compare_rows(store, [[(KeyRange.of(c.key, c.range_end), c) for c in node.compare]
-                                for node in nodes(req)], rev)
-
-
-def compare_rows(
-    store: MVCCStore, rows: Sequence[Sequence[tuple[KeyRange, Compare]]], rev: int
-) -> list[list[tuple[bool, bool]]]:
-    """:func:`partial_compares` over the compares of every node, each with its range."""
     out = []
-    for row in rows:
-        part = []
-        for kr, cmp in row:
+    for node in nodes(req):
+        row = []
+        for cmp in node.compare:
             found, ok = False, True
-            for _key, rec in store.scan(kr, rev):
+            for _key, rec in store.scan(KeyRange.of(cmp.key, cmp.range_end), rev):
                 found = True
                 if not txn._compare_one(cmp, rec):
                     ok = False
                     break
-            part.append((found, ok))
-        out.append(part)
+            row.append((found, ok))
+        out.append(row)
     return out
 
 
@@ -84,15 +76,8 @@ def combine(
 ) -> list[bool]:
     """Per node: whether all its compares hold, from every participant's
     :func:`partial_compares` (etcd's rule for a compare over keys none holds)."""
-    return combine_nodes(nodes(req), parts)
-
-
-def combine_nodes(
-    tree: Sequence[rpc_pb2.TxnRequest], parts: Sequence[Sequence[Sequence[tuple[bool, bool]]]]
-) -> list[bool]:
-    """:func:`combine` over the Txn's :func:`nodes` already listed."""
     out = []
-    for n, node in enumerate(tree):
+    for n, node in enumerate(nodes(req)):
         holds = True
         for c, cmp in enumerate(node.compare):
             found = any(p[n][c][0] for p in parts)
@@ -184,17 +169,13 @@ def put_checks(
     ex: Executor, req: rpc_pb2.TxnRequest, owns: Callable[[bytes], bool]
 ) -> dict[int, str]:
     """etcd's state checks of every put this shard holds: ``{op number: error message}``."""
-    return check_puts(ex, [
-        (o, op.request_put) for o, op in enumerate(ops(req))
-        if op.WhichOneof("request") == "request_put" and owns(op.request_put.key)])
-
-
-def check_puts(
-    ex: Executor, puts: Sequence[tuple[int, rpc_pb2.PutRequest]]
-) -> dict[int, str]:
-    """etcd's state checks of ``puts`` (op number, put): ``{op number: error message}``."""
     out: dict[int, str] = {}
-    for o, p in puts:
+    for o, op in enumerate(ops(req)):
+        if op.WhichOneof("request") != "request_put":
+            continue
+        p = op.request_put
+        if not owns(p.key):
+            continue
         try:
             ex.check_put_values(p.key, p.lease, p.ignore_value or p.ignore_lease, in_txn=True)
         except EtcdError as e:
