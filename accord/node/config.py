@@ -142,7 +142,15 @@ class Config:
                                    "write on any member gets a higher revision; "
                                    "docs/txn.md, \"One revision order\"). 0: one host or "
                                    "clocks that agree.")
-    snapshot_count: int = _opt(10_000, "Applied entries per group between two snapshots.")
+    snapshot_count: int = _opt(10_000, "Applied entries per group between two snapshots, at "
+                                       "least: see --snapshot-log-percent.")
+    snapshot_log_percent: int = _opt(50, "A group snapshots once it applied --snapshot-count "
+                                         "entries since its last snapshot and their bytes "
+                                         "reach this percentage of that snapshot's size (or "
+                                         "10x --snapshot-count entries whatever their size), "
+                                         "so the cost of serializing a large store is spread "
+                                         "over proportionally many writes. 0: every "
+                                         "--snapshot-count entries exactly, as etcd.")
     wal_segment_bytes: int = _opt(64 << 20, "Largest write-ahead log segment file, in bytes "
                                             "(at least 4096): the log rotates to a new file "
                                             "when one is full and deletes old ones whose "
@@ -508,6 +516,8 @@ class Config:
             p(f"leader-follow-requests {self.leader_follow_requests}: must be >= 0 (0 turns it off)")
         if self.snapshot_count < 1:
             p(f"snapshot-count {self.snapshot_count}: must be >= 1")
+        if self.snapshot_log_percent < 0:
+            p(f"snapshot-log-percent {self.snapshot_log_percent}: must be >= 0")
         if self.wal_segment_bytes < 4096:
             p(f"wal-segment-bytes {self.wal_segment_bytes}: must be >= 4096")
         try:

@@ -224,6 +224,7 @@ class Node:
                 tick_interval=cfg.tick_interval,
                 election_ticks=cfg.election_ticks,
                 snapshot_entries=cfg.snapshot_count,
+                snapshot_log_percent=cfg.snapshot_log_percent,
                 lease_read=cfg.lease_read,
                 clock_drift_ticks=cfg.clock_drift_ticks if cfg.lease_read else 0,
             ),

@@ -91,10 +91,8 @@ class Applier:
                     await self.take_snapshot(g)
 
     def snapshot_due(self, g: Group) -> bool:
-        """Whether ``g`` applied ``snapshot_entries`` since its last snapshot (or must
-        compact a log that still starts at index 1 for a newcomer)."""
-        return (g.applied - g.last_snapshot_index >= self.config.snapshot_entries
-                or (g.want_compaction and g.applied > 0))
+        """Whether ``g`` is to be snapshotted now (``Group.snapshot_due``)."""
+        return g.snapshot_due(self.config)
 
     def apply_some(self, g: Group) -> bool:
         """Apply up to ``max_apply_batch`` entries; True when the queue is empty."""
@@ -105,6 +103,7 @@ class Applier:
             g.applied = snap.meta.index
             g.applied_term = snap.meta.term
             g.last_snapshot_index = snap.meta.index
+            g.last_snapshot_bytes, g.applied_bytes = len(snap.data), 0
         q = g.apply_queue
         n = 0
         while q and n < self.config.max_apply_batch:
@@ -114,6 +113,7 @@ class Applier:
                 continue
             if e.type == EntryType.NORMAL and e.data:
                 self._apply_entry(g, e)
+                g.applied_bytes += len(e.data)
             g.applied = e.index
             g.applied_term = e.term
         if g.reads_waiting:
@@ -158,15 +158,19 @@ class Applier:
             return
         meta = SnapshotMeta(index=index, term=term, conf_state=g.core.conf_state)
         serialize = g.sm.prepare_snapshot()
+        applied_bytes = g.applied_bytes
 
-        def _write() -> None:
+        def _write() -> int:
             data = serialize()
             with self._snapshots.writer(g.id, meta) as w:
                 w.write(data)
                 w.finish()
+            return len(data)
 
-        await asyncio.to_thread(_write)
+        size = await asyncio.to_thread(_write)
         g.last_snapshot_index = index
+        g.last_snapshot_bytes = size
+        g.applied_bytes -= applied_bytes  # what was applied while it was written counts on
         g.core.compact(meta)
         self.compactions.append((g.id, meta))
         self._mark(g)

@@ -233,7 +233,7 @@ class MultiRaftHost:
             clock_drift_ticks=self.config.clock_drift_ticks,
             seed=(self.node_id * 1_000_003 + group_id * 7919 + self._boot) & 0x7FFFFFFF,
         )
-        applied = 0
+        applied = snapshot_bytes = 0
         if state.snapshot is not None and state.snapshot.index > 0:
             # Exactly the snapshot the log names: a newer file whose record a crash
             # lost holds entries the log still replays after this one.
@@ -244,10 +244,13 @@ class MultiRaftHost:
                     f"(term {state.snapshot.term}) is durable but the snapshot store does not "
                     "have it; the data directory is damaged"
                 )
-            sm.restore(b"".join(self._snapshots.data_chunks(info)))
-            applied = state.snapshot.index
+            data = b"".join(self._snapshots.data_chunks(info))
+            sm.restore(data)
+            applied, snapshot_bytes = state.snapshot.index, len(data)
+            del data
         core = RaftCore(cfg, state, voters=voters, learners=learners)
-        g = Group(group_id, core, sm, applied=applied, last_snapshot_index=applied)
+        g = Group(group_id, core, sm, applied=applied, last_snapshot_index=applied,
+                  last_snapshot_bytes=snapshot_bytes)
         g.persisted_conf = core.conf_state
         g.saved_vote = (state.hard_state.term, state.hard_state.vote)
         self._groups[group_id] = g
@@ -768,7 +771,7 @@ class MultiRaftHost:
             self.applier.schedule(g)
             self._hand_out(g, rd)
         g.core.advance(rd)
-        if g.applied - g.last_snapshot_index >= self.config.snapshot_entries:
+        if g.snapshot_due(self.config):
             self.applier.schedule(g)  # the apply task checks again whether to snapshot
         if g.reads_waiting:
             ReadRounds.release(g)
