@@ -16,7 +16,9 @@ The rule is *prefix-closed*: every key under ``/a/b/`` (or under ``name/``) has 
 partition key, so a range over such a prefix is served by one shard, and a Txn that
 stays inside it is atomic. A range that is not inside one partition goes to every shard
 (the keys of one partition are spread by hash, not kept in key order). A Txn whose keys
-span shards is refused with :func:`txn_spans_shards`'s error, which names them.
+span shards runs as a multi-shard Txn (``xcoord.py``, ``docs/txn.md``); only while some
+member cannot apply those yet is it refused with :func:`txn_spans_shards`'s error, which
+names the shards.
 
 The hash is CRC32C (stable across processes and versions, unlike Python's ``hash``).
 """
