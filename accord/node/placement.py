@@ -8,9 +8,11 @@ that worker ``k`` of one node only ever talks Raft to worker ``k`` of the others
 
 Each worker has its own data directory (``<data-dir>/worker-<k>``), its own peer port
 (``P + k`` for the node's peer port ``P``) and its own forwarding socket
-(``<data-dir>/worker-<k>.sock``) on which the other workers hand it calls for its shards,
-and its metrics socket (``<data-dir>/worker-<k>.metrics.sock``) that the supervisor
-scrapes.
+(``<sockets>/worker-<k>.sock``) on which the other workers hand it calls for its shards,
+and its metrics socket (``<sockets>/worker-<k>.metrics.sock``) that the supervisor
+scrapes; ``<sockets>`` is a directory the supervisor makes in the system's temporary
+directory (``server.SOCKETS_ENV``), not the data directory, which may be on a file system
+without Unix sockets.
 With one worker nothing moves: the data directory and the ports are the node's own, so a
 node's layout does not change until it runs several workers.
 
@@ -118,7 +120,7 @@ class WorkerPlan:
         if len(str(path).encode()) > UNIX_PATH_MAX:
             raise PlacementError(
                 f"the {what} socket {str(path)!r} is longer than the {UNIX_PATH_MAX} bytes "
-                f"a Unix socket path may have: use a shorter --data-dir")
+                f"a Unix socket path may have: use a shorter directory for it (TMPDIR)")
         return path
 
     def _check_worker(self, worker: int) -> None:

@@ -44,9 +44,11 @@ import gc
 import logging
 import os
 import random
+import shutil
 import signal
 import ssl
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -141,10 +143,13 @@ class _KVMachine:
 class Node:
     """One accord node (see the module docstring)."""
 
-    def __init__(self, config: Config, worker: int = 0) -> None:
+    def __init__(self, config: Config, worker: int = 0, socket_dir: Path | None = None) -> None:
         self.config = config.resolved()
         self.worker = worker
         """This process's worker index in a node of several (``--workers``; 0 alone)."""
+        self.socket_dir = socket_dir or Path(self.config.data_dir)
+        """Where a node of several workers keeps their Unix sockets: the directory its
+        supervisor made (``SOCKETS_ENV``), or the data directory for a worker run alone."""
         self.plan = (WorkerPlan(self.config.workers, self.config.shards)
                      if self.config.workers > 1 else None)
         """The split of the groups over the node's workers; None for a node of one."""
@@ -242,7 +247,7 @@ class Node:
             # Worker 0 feeds this copy of the meta state (metacopy.py); it starts as the
             # bootstrap table, as worker 0's machine did (joining is refused with workers).
             self._forward_clients = {
-                k: ForwardClient(self.plan.forward_socket(Path(cfg.data_dir), k))
+                k: ForwardClient(self.plan.forward_socket(self.socket_dir, k))
                 for k in range(self.plan.workers) if k != self.worker}
             self.meta_copy = MetaCopy(self.cluster, self._forward_clients[0])
         self.members = MemberChanges(self)
@@ -307,7 +312,7 @@ class Node:
             self.http = MetricsServer(self.metrics, checks)
             if self.plan is not None:  # the supervisor serves the URLs, from every worker
                 await self.http.start_unix(
-                    self.plan.metrics_socket(Path(cfg.data_dir), self.worker))
+                    self.plan.metrics_socket(self.socket_dir, self.worker))
             else:
                 await self.http.start(metrics_addresses(cfg, self.client_tls))
         if home:
@@ -373,7 +378,7 @@ class Node:
         """A worker's part in a node of several: route the client calls
         (``workers.py``) and serve the other workers on this worker's socket."""
         assert self.grpc is not None
-        base = Path(self.config.data_dir)
+        base = self.socket_dir
         if not self._forward_clients:
             self._forward_clients = {k: ForwardClient(plan.forward_socket(base, k))
                                      for k in range(plan.workers) if k != self.worker}
@@ -751,10 +756,10 @@ def tune_gc() -> None:
 
 
 async def serve(config: Config, log_context: logs.LogContext | None = None,
-                worker: int = 0) -> int:
-    """Run a node (or worker ``worker`` of one) until SIGTERM/SIGINT or a fatal storage
-    error."""
-    node = Node(config, worker)
+                worker: int = 0, socket_dir: Path | None = None) -> int:
+    """Run a node (or worker ``worker`` of one, its sockets in ``socket_dir``) until
+    SIGTERM/SIGINT or a fatal storage error."""
+    node = Node(config, worker, socket_dir)
     if log_context is not None:
         log_context.set_node(node.config.name, node.member_id)
     await node.start()
@@ -803,6 +808,11 @@ WORKER_ENV = "ACCORD_WORKER_INDEX"
 SUPERVISOR_ENV = "ACCORD_SUPERVISOR_PID"
 """The supervisor's pid, in each worker's environment: a worker whose supervisor is gone
 stops at once (and the kernel kills it when the supervisor dies later)."""
+SOCKETS_ENV = "ACCORD_WORKER_SOCKETS"
+"""The directory, in each worker's environment, where the node's workers keep their
+forwarding and metrics sockets: made by the supervisor in the system's temporary
+directory (mode 0700) and removed when it exits, so the data directory may be on a file
+system without Unix sockets (FUSE, some network file systems) or have a long path."""
 
 
 def check_layout(config: Config) -> WorkerPlan | None:
@@ -818,9 +828,6 @@ def check_layout(config: Config) -> WorkerPlan | None:
         plan = WorkerPlan(config.workers, config.shards)
         _host, port = config.resolved().peer_listen_address()
         plan.peer_port(port, config.workers - 1)
-        for k in range(config.workers):
-            plan.forward_socket(base, k)
-            plan.metrics_socket(base, k)
         make_dir_durably(base)
         check_workers(base, config.workers)
         return plan
@@ -851,13 +858,30 @@ async def supervise(config: Config, argv: Sequence[str]) -> int:
     the same arguments and its index in ``ACCORD_WORKER_INDEX``), restart one that dies,
     stop them all on SIGTERM/SIGINT."""
     cfg = config.resolved()
-    cmd = [sys.executable, "-m", "accord", "serve", *argv]
-    sup = Supervisor([cmd] * cfg.workers, env={SUPERVISOR_ENV: str(os.getpid())})
+    sockets = Path(tempfile.mkdtemp(prefix=f"accord-{cfg.name}-"))
+    try:
+        return await _supervise(cfg, argv, sockets)
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
+
+
+async def _supervise(cfg: Config, argv: Sequence[str], sockets: Path) -> int:
+    """:func:`supervise` with the workers' sockets in ``sockets``."""
     plan = WorkerPlan(cfg.workers, cfg.shards)
+    try:
+        for k in range(cfg.workers):
+            plan.forward_socket(sockets, k)
+            plan.metrics_socket(sockets, k)
+    except PlacementError as e:
+        print(f"accord serve: {e}", file=sys.stderr)
+        return 2
+    cmd = [sys.executable, "-m", "accord", "serve", *argv]
+    sup = Supervisor([cmd] * cfg.workers, env={SUPERVISOR_ENV: str(os.getpid()),
+                                               SOCKETS_ENV: str(sockets)})
     http: WorkersMetricsServer | None = None
     if cfg.metrics_enabled:
         files = client_files(cfg)
-        http = WorkersMetricsServer([plan.metrics_socket(Path(cfg.data_dir), k)
+        http = WorkersMetricsServer([plan.metrics_socket(sockets, k)
                                      for k in range(cfg.workers)])
         await http.start(metrics_addresses(cfg, ReloadingTLS(files) if files else None))
     stop = asyncio.Event()
@@ -930,8 +954,9 @@ def main(argv: Sequence[str]) -> int:
         runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         runner = asyncio.run
+    sockets = os.environ.get(SOCKETS_ENV) if worker_env is not None else None
     try:
-        return int(runner(serve(config, ctx, worker)))
+        return int(runner(serve(config, ctx, worker, Path(sockets) if sockets else None)))
     except ConfigError as e:
         print(f"accord serve: {e}", file=sys.stderr)
         return 2

@@ -93,8 +93,9 @@ class LossyCluster:
 def lossy(tmp_path: Path) -> Iterator[LossyCluster]:
     seed = int(os.environ.get("POWER_CUT_SEED", random.randrange(1 << 30)))
     print(f"POWER_CUT_SEED={seed}")
-    # One process per node: lossyfs (FUSE) holds no Unix sockets, and a node of several
-    # workers keeps its forwarding sockets in its data directory.
+    # One process per node: the cut, its `accord wal check` and its model of what was
+    # acknowledged are written for one log per node (a node of several workers has one per
+    # worker, under worker-<k>/).
     c = ProcCluster(tmp_path, 3, extra=EXTRA, workers=1)
     lc = LossyCluster(c, {}, seed, tmp_path)
     try:

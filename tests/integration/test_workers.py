@@ -38,6 +38,7 @@ from accord.client import AccordClient, ClientError, JobSpec
 from accord.client.checkpoint_writer import CheckpointCoordinator
 from accord.node.grpc_server import CLOCK_METADATA
 from accord.node.placement import WorkerPlan
+from accord.node.server import SOCKETS_ENV
 from accord.proto import rpc_pb2 as pb
 from accord.proto import (
     rpc_pb2_grpc,
@@ -795,6 +796,49 @@ def test_a_data_directory_keeps_its_worker_count(tmp_path: Path,
         assert out.returncode == 2, out.stderr
         assert "created with --workers 2" in out.stderr and f"--workers {n}" in out.stderr
     assert sorted(p.name for p in node.data_dir.iterdir()) == listing
+
+
+def test_workers_keep_their_sockets_out_of_the_data_directory(cluster: ProcCluster) -> None:
+    """The forwarding and metrics sockets live in a private directory the supervisor
+    made (the data directory may be on a file system without Unix sockets), which it
+    removes when the node stops."""
+    node = cluster.nodes[1]
+    pids = cluster.worker_pids(node)
+    dirs = {_environ(pid).get(SOCKETS_ENV) for pid in pids.values()}
+    assert len(dirs) == 1 and None not in dirs, dirs
+    sockets = Path(str(dirs.pop()))
+    assert sorted(p.name for p in sockets.iterdir()) == [
+        "worker-0.metrics.sock", "worker-0.sock", "worker-1.metrics.sock", "worker-1.sock"]
+    assert sockets.stat().st_mode & 0o777 == 0o700
+    assert not list(node.data_dir.rglob("*.sock"))
+    assert cluster.stop(node) == 0
+    assert not sockets.exists()
+    cluster.start(node)
+    cluster.wait_serving(node)
+    cluster.put(b"/sockets/k", b"v", via=[node])
+    assert cluster.get(node, b"/sockets/k") == b"v"
+
+
+def test_a_node_of_two_workers_serves_from_a_data_directory_too_long_for_a_socket_path(
+        tmp_path: Path) -> None:
+    """A data directory deeper than a Unix socket path may be (108 bytes) holds a node
+    of two workers (its sockets are elsewhere)."""
+    root = tmp_path / ("deep-" * 22)
+    root.mkdir()
+    with ProcCluster(root, 1, workers=WORKERS, extra=("--shards", str(SHARDS))) as c:
+        node = c.nodes[0]
+        assert len(str(node.data_dir / "worker-0.metrics.sock")) > 108
+        c.wait_serving(node)
+        keys = keys_of_worker(0, "/deep/a", 1) + keys_of_worker(1, "/deep/b", 1)
+        for key in keys:
+            c.put(key, b"v", via=[node])
+        assert [c.get(node, k) for k in keys] == [b"v", b"v"]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.decode().split("=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k: v for k, v in pairs}
 
 
 def test_a_supervisor_killed_9_takes_its_workers_with_it(cluster: ProcCluster) -> None:

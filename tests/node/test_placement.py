@@ -61,9 +61,9 @@ def test_out_of_range_lookups_are_errors(tmp_path: Path) -> None:
         plan.data_dir(tmp_path, 2)
     with pytest.raises(PlacementError, match="65536"):
         plan.peer_port(65535, 0)
-    with pytest.raises(PlacementError, match="shorter --data-dir"):
+    with pytest.raises(PlacementError, match="shorter directory"):
         plan.forward_socket(tmp_path / ("d" * 120), 0)
-    with pytest.raises(PlacementError, match=r"the metrics socket .* shorter --data-dir"):
+    with pytest.raises(PlacementError, match=r"the metrics socket .* shorter directory"):
         plan.metrics_socket(tmp_path / ("d" * 100), 0)
 
 
