@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
 from accord.proto import rpc_pb2  # noqa: E402
 from accord.services.kv.backend import HeaderInfo, StateMachineBackend  # noqa: E402
 from accord.services.kv.statemachine import KVStateMachine  # noqa: E402
-from bench.workloads import two_shard_keys  # noqa: E402
+from bench.workloads import cas_request, two_shard_keys  # noqa: E402
 
 VALUE = b"v" * 256
 TXN_OPS = 128
@@ -209,15 +209,7 @@ def _cas(key_sets: list[tuple[bytes, ...]], ops: int) -> Callable[[], int]:
         for i in range(ops):
             j = i % len(key_sets)
             keys, rev = key_sets[j], revs[j]
-            t = await backend.txn(rpc_pb2.TxnRequest(
-                compare=[rpc_pb2.Compare(key=k, target=rpc_pb2.Compare.MOD,
-                                         result=rpc_pb2.Compare.EQUAL, mod_revision=r)
-                         for k, r in zip(keys, rev, strict=True)],
-                success=[rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=k, value=value))
-                         for k in keys],
-                failure=[rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=k))
-                         for k in keys],
-            ))
+            t = await backend.txn(cas_request(keys, rev, value))
             if not t.succeeded:
                 raise RuntimeError(f"compare-and-set lost on {keys!r}")
             revs[j] = [int(t.header.revision)] * len(keys)

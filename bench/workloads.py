@@ -14,7 +14,7 @@ import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +115,19 @@ def two_shard_keys(base: str, shards: int = 8) -> tuple[bytes, bytes]:
     while shard_of(f"{base}-{i}".encode(), shards) == shard_of(first, shards):
         i += 1
     return first, f"{base}-{i}".encode()
+
+def cas_request(keys: Sequence[bytes], revs: Sequence[int], value: bytes) -> rpc_pb2.TxnRequest:
+    """A compare-and-set over ``keys``: if each is at its revision in ``revs``, put
+    ``value`` in all of them, else read them."""
+    return rpc_pb2.TxnRequest(
+        compare=[rpc_pb2.Compare(key=k, target=rpc_pb2.Compare.MOD,
+                                 result=rpc_pb2.Compare.EQUAL, mod_revision=r)
+                 for k, r in zip(keys, revs, strict=True)],
+        success=[rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=k, value=value))
+                 for k in keys],
+        failure=[rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=k)) for k in keys],
+    )
+
 
 class Worker:
     """One worker process's channels, state and workloads."""
@@ -338,15 +351,7 @@ class Worker:
 
             async def op(kv: Any = kv, pair: tuple[bytes, bytes] = pair,
                          revs: list[int] = revs) -> None:
-                t = await kv.Txn(rpc_pb2.TxnRequest(
-                    compare=[rpc_pb2.Compare(key=k, target=rpc_pb2.Compare.MOD,
-                                             result=rpc_pb2.Compare.EQUAL, mod_revision=r)
-                             for k, r in zip(pair, revs, strict=True)],
-                    success=[rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=k, value=value))
-                             for k in pair],
-                    failure=[rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=k))
-                             for k in pair],
-                ), timeout=RPC_TIMEOUT)
+                t = await kv.Txn(cas_request(pair, revs, value), timeout=RPC_TIMEOUT)
                 if not t.succeeded:
                     raise RuntimeError("compare-and-set lost on keys only this client writes")
                 revs[:] = [int(t.header.revision)] * 2
