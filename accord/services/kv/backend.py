@@ -339,8 +339,7 @@ class StateMachineBackend(ABC):
         sm = self.machines[shard]
         for _ in range(1000):
             below = revision if revision > 0 else max(sm.revision, start)
-            if not any(i.rev <= below and any(i.overlaps(kr) for kr in ranges)
-                       for i in sm.intents.intents.values()):
+            if not sm.intents.in_way(ranges, below=below):
                 return
             await self.wait_intents(shard, ranges, below)
             if self.broken_read_waits_once:

@@ -159,6 +159,15 @@ class IntentTable:
                 return found
         return None
 
+    def in_way(self, ranges: Iterable[KeyRange], *, below: int | None = None,
+               txn_id: int = 0) -> list[Intent]:
+        """The open intents over any of ``ranges`` (or ``txn_id``'s), only those that
+        reserved a revision at or below ``below`` if given: what a request waits out."""
+        ranges = tuple(ranges)
+        return [i for i in self.intents.values()
+                if ((txn_id and i.txn_id == txn_id) or any(i.overlaps(kr) for kr in ranges))
+                and (below is None or i.rev <= below)]
+
     def using_lease(self, lease_ids: Iterable[int]) -> Intent | None:
         """An open intent one of whose puts uses one of ``lease_ids``, or None."""
         ids = set(lease_ids)

@@ -362,11 +362,7 @@ class Coordinator:
         waited: set[int] = set()
         while True:
             table = sm.intents
-            found = [
-                i for i in table.intents.values()
-                if (i.txn_id == txn_id or any(i.overlaps(kr) for kr in ranges))
-                and (below is None or i.rev <= below)
-            ] if table else []
+            found = table.in_way(ranges, below=below, txn_id=txn_id) if table else []
             if not found:
                 return max((sm.settled_at.get(t, sm.revision) for t in waited), default=0)
             waited.update(i.txn_id for i in found)
