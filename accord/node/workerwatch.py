@@ -50,7 +50,7 @@ from accord.node.placement import WorkerPlan
 from accord.node.polled import PolledTable
 from accord.proto import kv_pb2
 from accord.services.kv.errors import EtcdError
-from accord.services.kv.shardwatch import ShardedWatchHub, SubWatcher
+from accord.services.kv.shardwatch import ShardedWatchHub, SubWatcher, chase_floor
 from accord.services.kv.watchhub import (
     Wake,
     WatchBatch,
@@ -186,17 +186,9 @@ class WatchFeeds:
 
     async def _floor_feed(self, feed: _Feed) -> None:
         """Floor the feed's shard at the highest revision asked, then answer its poll."""
-        done = 0
         try:
-            while (want := feed.floor_want) > done:
-                try:
-                    await self._floor([feed.shard], want)
-                except EtcdError:
-                    await asyncio.sleep(0.2)  # no quorum now: the watcher asks again
-                    return
-                finally:
-                    feed.wake.set()
-                done = want
+            await chase_floor(lambda: feed.floor_want,
+                              lambda want: self._floor([feed.shard], want), feed.wake.set)
         finally:
             feed.floor_task = None
             feed.floor_want = 0

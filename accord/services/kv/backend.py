@@ -42,6 +42,7 @@ from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.revorder import RevisionOrder
 from accord.services.kv.shardwatch import ShardedWatchHub as ShardedWatchHubType
+from accord.services.kv.shardwatch import chase_floor
 from accord.services.kv.xcoord import Coordinator
 
 if TYPE_CHECKING:
@@ -442,18 +443,13 @@ class StateMachineBackend(ABC):
                 task.add_done_callback(self._floor_tasks.discard)
 
     async def _floor_loop(self, shard: int) -> None:
-        done = 0
+        def woke() -> None:
+            if isinstance(self._hub, ShardedWatchHubType):
+                self._hub.wake()
+
         try:
-            while (want := self._floor_want[shard]) > done:
-                try:
-                    await self.floor([shard], want)
-                    done = want
-                except EtcdError:
-                    await asyncio.sleep(0.2)  # no quorum now: the watchers ask again
-                    return
-                finally:
-                    if isinstance(self._hub, ShardedWatchHubType):
-                        self._hub.wake()
+            await chase_floor(lambda: self._floor_want[shard],
+                              lambda want: self.floor([shard], want), woke)
         finally:
             del self._floor_want[shard]
 

@@ -88,9 +88,10 @@ Watch servicer assigns the ids clients see and does not use these.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
+from accord.services.kv.errors import EtcdError
 from accord.services.kv.watchhub import (
     SLOW_PREFIX,
     Wake,
@@ -572,6 +573,25 @@ class ShardedWatchHub:
 
     def _forget(self, m: MergedWatcher) -> None:
         self._merged.pop(m.id, None)
+
+
+async def chase_floor(want: Callable[[], int], floor: Callable[[int], Awaitable[None]],
+                      woke: Callable[[], None]) -> None:
+    """Floor a shard at the highest revision its merged watchers want (``want()``, which
+    may rise while a floor is in flight) until it has caught up, calling ``woke`` after
+    each try; no quorum (an ``EtcdError``) ends it after a short pause: the watchers ask
+    again. Used by the backend for its own merged watchers and by a worker for the feeds
+    other workers' watchers poll."""
+    done = 0
+    while (wanted := want()) > done:
+        try:
+            await floor(wanted)
+        except EtcdError:
+            await asyncio.sleep(0.2)
+            return
+        finally:
+            woke()
+        done = wanted
 
 
 def _events_at(batch: WatchBatch | None, rev: int) -> int:
