@@ -4,14 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
-import msgpack
 import pytest
 
 from accord.node.forward import ForwardClient, ForwardServer
@@ -19,8 +16,7 @@ from accord.node.forwardgrpc import forward_unary, owner_handlers
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.services.auth.guard import AuthGuard
 from accord.services.auth.interceptor import AuthInterceptor
-from accord.services.auth.statemachine import AuthStateMachine, encode, hash_digest
-from accord.services.auth.tokens import hash_password
+from tests.security.authstores import store_with_user
 
 RANGE = "/etcdserverpb.KV/Range"
 PUT = "/etcdserverpb.KV/Put"
@@ -155,28 +151,6 @@ def test_only_unary_calls_are_forwarded() -> None:
 
 
 # --- the owner checks a forwarded call again ------------------------------------------
-def _store_and_token() -> tuple[Any, str, Any]:
-    """An auth store with auth on, user ``u`` reading and writing under ``/a`` through
-    role ``r``, a token of ``u``; and a function applying more changes to the store."""
-    sm = AuthStateMachine()
-    index = itertools.count(1)
-
-    def run(op: str, *args: Any) -> Any:
-        o, *a = msgpack.unpackb(encode(op, "root", *args))
-        return sm.apply(next(index), o, a)
-
-    phash = hash_password("pw", 4)
-    run("user_add", "root", phash, False)
-    run("user_grant", "root", "root")
-    run("user_add", "u", phash, False)
-    run("role_add", "r")
-    run("role_grant", "r", 2, b"/a", b"/b")
-    run("user_grant", "u", "r")
-    run("enable")
-    token = run("token", "u", "abcdefghijklmnop", hash_digest(phash), int(time.time() * 1000))
-    return sm, str(token), run
-
-
 async def _no_commit(command: bytes) -> Any:
     raise AssertionError("no commit expected")
 
@@ -188,8 +162,8 @@ async def test_a_call_forwarded_on_a_stale_grant_is_refused_by_the_owner(
     may lag; the owner checks it again against its own. Here the owner already applied
     the revoke of ``u``'s role and the front has not: the owner refuses. The broken
     variant (the owner trusts the forwarding worker: no check there) answers it."""
-    front_sm, token, _ = _store_and_token()
-    owner_sm, owner_token, owner_run = _store_and_token()
+    front_sm, token, _, _ = store_with_user(b"/a", b"/b")
+    owner_sm, owner_token, owner_run, _ = store_with_user(b"/a", b"/b")
     assert owner_token == token  # the same token on both copies (same id, same time)
     owner_run("user_revoke", "u", "r")
     front_guard = AuthGuard(front_sm, commit=_no_commit)

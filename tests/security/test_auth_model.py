@@ -203,7 +203,6 @@ def _as_command(cmd: tuple[Any, ...]) -> bytes:
 @given(st.lists(COMMANDS, min_size=1, max_size=40), st.lists(REQUESTS, min_size=1, max_size=30))
 def test_store_and_checks_match_the_reference(cmds: list[tuple[Any, ...]],
                                               reqs: list[tuple[Any, ...]]) -> None:
-    import msgpack
 
     sm = AuthStateMachine()
     guard = local_guard()
@@ -299,23 +298,9 @@ async def test_a_token_revoked_while_its_request_waited_is_an_invalid_token() ->
     from accord.services.auth.guard import AuthGuard
     from accord.services.auth.statemachine import hash_digest
     from accord.services.auth.tokens import hash_password
+    from tests.security.authstores import store_with_user
 
-    sm = AuthStateMachine()
-    index = itertools.count(1)
-
-    def run(op: str, *args: Any) -> Any:
-        o, *a = msgpack.unpackb(encode(op, "root", *args))
-        return sm.apply(next(index), o, a)
-
-    phash = hash_password("pw", 4)
-    run("user_add", "root", phash, False)
-    run("user_grant", "root", "root")
-    run("user_add", "u", phash, False)
-    run("role_add", "r")
-    run("role_grant", "r", 2, b"/a", b"")
-    run("user_grant", "u", "r")
-    run("enable")
-    token = run("token", "u", "abcdefghijklmnop", hash_digest(phash), int(time.time() * 1000))
+    sm, token, run, phash = store_with_user()
     revoke = [lambda: run("user_passwd", "u", hash_password("new", 4))]
 
     async def barrier() -> None:  # the change reaches this member while the call waits
