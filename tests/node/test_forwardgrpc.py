@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -162,8 +163,9 @@ async def test_a_call_forwarded_on_a_stale_grant_is_refused_by_the_owner(
     may lag; the owner checks it again against its own. Here the owner already applied
     the revoke of ``u``'s role and the front has not: the owner refuses. The broken
     variant (the owner trusts the forwarding worker: no check there) answers it."""
-    front_sm, token, _, _ = store_with_user(b"/a", b"/b")
-    owner_sm, owner_token, owner_run, _ = store_with_user(b"/a", b"/b")
+    issued = int(time.time() * 1000)
+    front_sm, token, _, _ = store_with_user(b"/a", b"/b", issued)
+    owner_sm, owner_token, owner_run, _ = store_with_user(b"/a", b"/b", issued)
     assert owner_token == token  # the same token on both copies (same id, same time)
     owner_run("user_revoke", "u", "r")
     front_guard = AuthGuard(front_sm, commit=_no_commit)

@@ -14,11 +14,11 @@ from accord.services.auth.statemachine import AuthStateMachine, encode, hash_dig
 from accord.services.auth.tokens import hash_password
 
 
-def store_with_user(key: bytes = b"/a", range_end: bytes = b"") -> tuple[
+def store_with_user(key: bytes = b"/a", range_end: bytes = b"", now_ms: int = 0) -> tuple[
         AuthStateMachine, str, Callable[..., Any], str]:
-    """The store, ``u``'s token (the same token on every store made within the same
-    millisecond), a function applying more changes as root, and the password hash of
-    both users (password ``pw``)."""
+    """The store, ``u``'s token (issued at ``now_ms``, default now: stores made with the
+    same ``now_ms`` hold the same token), a function applying more changes as root, and
+    the password hash of both users (password ``pw``)."""
     sm = AuthStateMachine()
     index = itertools.count(1)
 
@@ -34,5 +34,6 @@ def store_with_user(key: bytes = b"/a", range_end: bytes = b"") -> tuple[
     run("role_grant", "r", 2, key, range_end)
     run("user_grant", "u", "r")
     run("enable")
-    token = run("token", "u", "abcdefghijklmnop", hash_digest(phash), int(time.time() * 1000))
+    token = run("token", "u", "abcdefghijklmnop", hash_digest(phash),
+                now_ms or int(time.time() * 1000))
     return sm, str(token), run, phash
