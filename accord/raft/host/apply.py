@@ -170,7 +170,8 @@ class Applier:
         size = await asyncio.to_thread(_write)
         g.last_snapshot_index = index
         g.last_snapshot_bytes = size
-        g.applied_bytes -= applied_bytes  # what was applied while it was written counts on
+        # What was applied while it was written counts towards the next one.
+        g.applied_bytes = max(0, g.applied_bytes - applied_bytes)
         g.core.compact(meta)
         self.compactions.append((g.id, meta))
         self._mark(g)

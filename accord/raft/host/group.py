@@ -173,8 +173,8 @@ class Group:
         fixed number of entries makes each write pay a share that grows with the store
         (a million keys: ~300 MB serialized every 10,000 writes). Waiting until the log
         since the last snapshot is a fixed fraction of its size keeps that share constant
-        (the Raft thesis, section 5.1.3), for a log that holds at most that fraction of
-        the state in memory and on disk."""
+        (the Raft thesis, section 5.1.3), for a log that holds about that fraction of the
+        state in memory and on disk (or ``snapshot_entries`` entries, if more)."""
         if self.want_compaction and self.applied > 0:
             return True
         since = self.applied - self.last_snapshot_index
