@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,25 +94,36 @@ def front(client: ForwardClient, broken: bool) -> grpc.GenericRpcHandler:
     })
 
 
-@pytest.fixture
-async def node(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[tuple[OwnerKV, rpc_pb2_grpc.KVStub]]:
-    owner = OwnerKV()
-    sock = tmp_path / "worker-1.sock"
-    fwd = ForwardServer(sock, owner_handlers(generated(owner)))
+@contextlib.asynccontextmanager
+async def worker_pair(sock: Path, owner: OwnerKV, *, broken: bool = False,
+                      owner_interceptor: Any = None, front_interceptors: Sequence[Any] = (),
+                      ) -> AsyncIterator[rpc_pb2_grpc.KVStub]:
+    """The owner serving ``owner`` on the forwarding socket ``sock`` (its calls through
+    ``owner_interceptor``), and a front worker's gRPC server forwarding every KV call to
+    it (``broken``: without the caller's metadata): a KV stub on the front."""
+    fwd = ForwardServer(sock, owner_handlers(generated(owner), owner_interceptor))
     await fwd.start()
     client = ForwardClient(sock)
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((front(client, getattr(request, "param", False)),))
+    server = grpc.aio.server(interceptors=list(front_interceptors))
+    server.add_generic_rpc_handlers((front(client, broken),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield owner, rpc_pb2_grpc.KVStub(channel)
+        yield rpc_pb2_grpc.KVStub(channel)
     finally:
         await channel.close()
         await server.stop(None)
         await client.close()
         await fwd.stop()
+
+
+@pytest.fixture
+async def node(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[tuple[OwnerKV, rpc_pb2_grpc.KVStub]]:
+    owner = OwnerKV()
+    async with worker_pair(tmp_path / "worker-1.sock", owner,
+                           broken=getattr(request, "param", False)) as kv:
+        yield owner, kv
 
 
 async def test_a_forwarded_range_is_answered_by_the_owner_with_the_callers_metadata(node: Any) -> None:
@@ -170,19 +182,9 @@ async def test_a_call_forwarded_on_a_stale_grant_is_refused_by_the_owner(
     owner_run("user_revoke", "u", "r")
     front_guard = AuthGuard(front_sm, commit=_no_commit)
     owner_guard = AuthGuard(owner_sm, commit=_no_commit)
-    owner = OwnerKV()
-    sock = tmp_path / "worker-1.sock"
-    fwd = ForwardServer(sock, owner_handlers(
-        generated(owner), AuthInterceptor(owner_guard) if owner_checks else None))
-    await fwd.start()
-    client = ForwardClient(sock)
-    server = grpc.aio.server(interceptors=[AuthInterceptor(front_guard)])
-    server.add_generic_rpc_handlers((front(client, False),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    kv = rpc_pb2_grpc.KVStub(channel)
-    try:
+    async with worker_pair(tmp_path / "worker-1.sock", OwnerKV(),
+                           owner_interceptor=AuthInterceptor(owner_guard) if owner_checks else None,
+                           front_interceptors=[AuthInterceptor(front_guard)]) as kv:
         call = kv.Range(rpc_pb2.RangeRequest(key=b"/a/1"), metadata=(("token", token),),
                         timeout=10)
         if owner_checks:
@@ -192,8 +194,3 @@ async def test_a_call_forwarded_on_a_stale_grant_is_refused_by_the_owner(
             assert exc.value.details() == "etcdserver: permission denied"
         else:
             assert [x.key for x in (await call).kvs] == [b"/a/1"]
-    finally:
-        await channel.close()
-        await server.stop(None)
-        await client.close()
-        await fwd.stop()
