@@ -22,7 +22,10 @@ The feed protocol (internal methods of the forwarding socket, msgpack bodies):
 * ``WatchNudge [feed, progress, advance_to]``: queue a progress batch on the owner's
   watcher (a merged progress round), or floor the shard at ``advance_to`` (the merged
   watch waits on an idle shard) and answer the pending poll when that is done;
-* ``WatchClose [feed]``: cancel the owner's watcher.
+* ``WatchClose [feed]``: cancel the owner's watcher;
+* ``WatchFloor [shards, revision]`` -> ``[closed revision of each]``: floor the owner's
+  shards at ``revision`` (``ShardedWatchHub.close_through``: a progress request answered
+  at the store's current revision) and say what they have closed after it.
 
 Feed names are chosen by the watching worker (a random per-process token and a counter),
 so a poll can open its feed with no round of its own, and a restarted worker never meets
@@ -62,6 +65,7 @@ from accord.services.kv.watchhub import (
 WATCH_POLL = "/accord.worker/WatchPoll"
 WATCH_NUDGE = "/accord.worker/WatchNudge"
 WATCH_CLOSE = "/accord.worker/WatchClose"
+WATCH_FLOOR = "/accord.worker/WatchFloor"
 POLL_WAIT_S = 1.0
 """The longest a poll waits on the owner with nothing to answer: how stale, at worst, the
 watching worker's view of an idle shard's closed revision gets without a nudge."""
@@ -122,7 +126,7 @@ class WatchFeeds:
     def handlers(self) -> dict[str, Handler]:
         """The internal methods this worker's forwarding socket serves for feeds."""
         return {WATCH_POLL: self._serve_poll, WATCH_NUDGE: self._serve_nudge,
-                WATCH_CLOSE: self._serve_close}
+                WATCH_CLOSE: self._serve_close, WATCH_FLOOR: self._serve_floor}
 
     def _open(self, spec: Any) -> _Feed:
         if not (isinstance(spec, list) and len(spec) == 7):
@@ -192,6 +196,21 @@ class WatchFeeds:
         finally:
             feed.floor_task = None
             feed.floor_want = 0
+
+    async def _serve_floor(self, body: bytes) -> bytes:
+        shards, revision = decode_fields(body, 2)
+        if not (isinstance(shards, list) and all(type(s) is int for s in shards)
+                and type(revision) is int):
+            raise _bad("a watch floor is [shards, revision]")
+        foreign = [s for s in shards if s not in self._hosted]
+        if foreign:
+            raise ForwardedError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"shards {foreign} are not hosted by this worker")
+        try:
+            await self._floor(shards, revision)
+        except EtcdError as e:
+            raise ForwardedError(e.code, e.message) from None
+        return bytes(msgpack.packb([self._hub.hubs[s].progress() for s in shards]))
 
     async def _serve_close(self, body: bytes) -> bytes:
         (name,) = decode_fields(body, 1)
@@ -345,6 +364,12 @@ class RemoteWatcher:
         self._store_rev = int(store_rev)
         self._resume = int(resume)
         self._links.heard(self.shard, self._closed)
+        if not got and self._advanced > self._closed:
+            # An answer of nothing but the state (the owner's floor ended, or the poll's
+            # wait did) and the shard is still not floored there (no quorum): let the
+            # merged watcher, woken now, nudge again (the owner ignores a floor in flight).
+            self._advanced = self._closed
+            moved = True
         final = None
         for b in got:
             if b.canceled:
@@ -389,6 +414,28 @@ class WatchLinks:
         """Note a closed revision of ``shard`` heard from its worker."""
         if closed > self._known.get(shard, 0):
             self._known[shard] = closed
+
+    async def floor(self, shards: list[int], revision: int) -> None:
+        """Have each owner floor its ``shards`` at ``revision`` (``WatchFloor``) and note
+        the closed revisions it answers; an owner that refuses or does not answer is
+        left as last heard (the progress answered is then lower, never wrong)."""
+        by_owner: dict[int, list[int]] = {}
+        for s in shards:
+            by_owner.setdefault(self.plan.worker_of_shard(s), []).append(s)
+
+        async def ask(owner: int, theirs: list[int]) -> None:
+            try:
+                raw = await self.clients[owner].call(
+                    WATCH_FLOOR, msgpack.packb([theirs, revision]), CALL_TIMEOUT_S)
+                closed = msgpack.unpackb(raw)
+            except (ForwardedError, OSError, ValueError, msgpack.UnpackException):
+                return
+            if isinstance(closed, list) and len(closed) == len(theirs):
+                for s, c in zip(theirs, closed, strict=True):
+                    if type(c) is int:
+                        self.heard(s, c)
+
+        await asyncio.gather(*(ask(o, ss) for o, ss in by_owner.items()))
 
     def watch(self, shard: int, key: bytes, range_end: bytes, start_revision: int,
               prev_kv: bool, filters: list[int], buffer_limit: int | None) -> SubWatcher:

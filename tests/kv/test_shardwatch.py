@@ -453,6 +453,9 @@ class _Backend:
     def revision(self) -> int:
         return self.watch_hub.progress()
 
+    def latest_revision(self) -> int:
+        return self.watch_hub.progress()
+
 
 async def test_watch_stream_serves_a_merged_watcher() -> None:
     c = Cluster(3)

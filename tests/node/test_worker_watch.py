@@ -9,14 +9,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import msgpack
 import pytest
 
 from accord.node.workerwatch import WATCH_POLL, RemoteWatcher
 from accord.proto import rpc_pb2 as pb
+from accord.services.kv.errors import EtcdError
 from accord.services.kv.sharding import shard_of
 from accord.services.kv.shardwatch import MergedWatcher, ShardedWatchHub
 from accord.services.kv.watchhub import WatchBatch
+from tests.kv.test_watch_idle_shards import progress_answer
 from tests.node.test_workers_router import (
     PLAN,
     SHARDS,
@@ -197,3 +200,51 @@ async def test_a_feed_refuses_a_shard_its_worker_does_not_host(workers: list[Wor
     assert "not hosted" in str(getattr(e.value, "message", e.value))
     assert len(workers[1].router.feeds) == 0
     assert PLAN.worker_of_shard(mine) == 0
+
+
+async def test_a_progress_request_through_one_worker_floors_the_other_workers_idle_shards(
+        workers: list[Worker]) -> None:
+    """A stream on worker 0 watching every shard; a write to worker 0's shards only; the
+    progress request is answered at or above it: worker 1's idle shards (known to worker
+    0 through the watch's feeds) floored there through ``WatchFloor``, not left below."""
+    hub = hub_of(workers[0])
+    assert hub.remote is not None
+    theirs = [s for s in range(SHARDS) if PLAN.worker_of_shard(s) == 1]
+    written: list[int] = []
+
+    async def write() -> None:
+        async with asyncio.timeout(5):  # the feeds told worker 0 where worker 1's shards are
+            while any(hub.remote.closed(s) is None for s in theirs):
+                await asyncio.sleep(0.01)
+        for i in range(5):
+            r = await workers[0].backend.put(pb.PutRequest(key=keys_of(0, 1)[0], value=b"%d" % i))
+            written.append(int(r.header.revision))
+
+    answer = await progress_answer(
+        workers[0].backend, pb.WatchCreateRequest(key=b"\x00", range_end=b"\x00"), write)
+    assert answer >= written[-1]
+    assert min(int(workers[1].backend.machines[s].revision) for s in theirs) >= written[-1]
+
+
+async def test_an_event_waiting_on_the_other_workers_idle_shards_comes_after_a_failed_floor(
+        workers: list[Worker]) -> None:
+    """Worker 1's first floor for a feed fails (no quorum): the watch through worker 0,
+    whose event waits on worker 1's idle shards, nudges again and gets it."""
+    feeds = workers[1].router.feeds
+    real = feeds._floor
+    calls: list[int] = []
+
+    async def failing_once(shards: list[int], revision: int) -> None:
+        calls.append(revision)
+        if len(calls) == 1:
+            raise EtcdError(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+        await real(shards, revision)
+
+    feeds._floor = failing_once
+    w = hub_of(workers[0]).watch(b"\x00", b"\x00")
+    await asyncio.sleep(0.2)  # the feeds are open
+    put = await workers[0].backend.put(pb.PutRequest(key=keys_of(0, 1)[0], value=b"v"))
+    got = await events_until(w, 1, timeout=10)
+    assert revisions(got) == [put.header.revision]
+    assert len(calls) >= 2
+    w.close()

@@ -117,6 +117,10 @@ class Backend(Protocol):
     def watch_hub(self) -> WatchHub | ShardedWatchHub:
         """The hub that serves watchers on this member."""
 
+    def latest_revision(self) -> int:
+        """The store's current revision as a read starting now sees it: at or above every
+        write acknowledged before (what a progress request is answered at)."""
+
     # --- KV -------------------------------------------------------------------------------
     async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
         """Read; linearizable unless ``req.serializable``."""
@@ -258,6 +262,7 @@ class StateMachineBackend(ABC):
                 [m.watch_hub for m in self.machines],
                 lambda key, end: sharding.shards_of_range(key, end, n),
                 self._advance_watch,
+                self.floor,
             )
         self._floor_want: dict[int, int] = {}
         """Per shard: the revision merged watchers wait for it to close (``_advance_watch``)."""

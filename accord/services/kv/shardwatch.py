@@ -107,6 +107,9 @@ Advance = Callable[[list[int], int], None]
 """``advance(shards, revision)``: have the given shards' closed revisions reach
 ``revision`` (a backend proposes revision floors there) and wake the merged watchers
 once they did; called by an ordered merged watcher whose events wait on idle shards."""
+Floor = Callable[[list[int], int], Awaitable[None]]
+"""``await floor(shards, revision)``: the shards raised to ``revision`` through their logs
+and applied here (``StateMachineBackend.floor``); raises ``EtcdError`` without a quorum."""
 
 
 class SubWatcher(Protocol):
@@ -165,6 +168,11 @@ class RemoteShards(Protocol):
 
     def closed(self, shard: int) -> int | None:
         """The closed revision of ``shard`` last heard from its worker (None: never)."""
+
+    async def floor(self, shards: list[int], revision: int) -> None:
+        """Have the workers hosting ``shards`` floor them at ``revision`` and note their
+        closed revisions after it (best effort: a worker that does not answer is left
+        as last heard)."""
 
 
 class MergedWatcher:
@@ -451,12 +459,14 @@ class ShardedWatchHub:
     """
 
     def __init__(self, hubs: Sequence[WatchHub], shards_of_range: ShardsOfRange,
-                 advance: Advance | None = None) -> None:
+                 advance: Advance | None = None, floor: Floor | None = None) -> None:
         if not hubs:
             raise ValueError("a sharded watch hub needs at least one shard hub")
         self.hubs = list(hubs)
         self._advance = advance
         """Given: merged watchers deliver in revision order (see :data:`Advance`)."""
+        self._floor = floor
+        """Given: :meth:`close_through` can raise idle shards (see :data:`Floor`)."""
         self._shards_of_range = shards_of_range
         self._next_id = 0
         self._merged: dict[int, MergedWatcher] = {}
@@ -485,6 +495,41 @@ class ShardedWatchHub:
         known = [h.progress() if remote.hosts(i) else remote.closed(i)
                  for i, h in enumerate(self.hubs)]
         return min(c for c in known if c is not None)
+
+    async def close_through(self, revision: int) -> None:
+        """Have :meth:`progress` reach ``revision`` (a revision of the store, e.g. the
+        current one): every shard whose closed revision on this member is below it is
+        floored there, this process's through :data:`Floor`, another worker's through
+        that worker (:meth:`RemoteShards.floor`; only shards this worker has heard of,
+        which are all that :meth:`progress` counts). A watch stream does this before it
+        answers a progress request, so that the answer is the store's current revision,
+        as one etcd's is, and not the revision of its idlest shard: a client that read
+        at R and then waits for a progress notification at or above R (Kubernetes'
+        consistent reads from its watch cache do) would otherwise wait for a write to
+        every shard. Raises ``EtcdError`` without a quorum (the progress answered is
+        then what the shards have closed). A shard held below an open multi-shard Txn
+        (``WatchHub.held_from``) stays held until the Txn is resolved."""
+        floor = self._floor
+        if floor is None:
+            return
+        remote = self.remote
+        mine: list[int] = []
+        theirs: list[int] = []
+        for i, h in enumerate(self.hubs):
+            if remote is not None and not remote.hosts(i):
+                known = remote.closed(i)
+                if known is not None and known < revision:
+                    theirs.append(i)
+            elif h.progress() < revision:
+                mine.append(i)
+        parts: list[Awaitable[None]] = []
+        if mine:
+            parts.append(floor(mine, revision))
+        if theirs and remote is not None:
+            parts.append(remote.floor(theirs, revision))
+        if parts:
+            await asyncio.gather(*parts)
+            self.wake()
 
     def shards(self, key: bytes, range_end: bytes = b"") -> list[int]:
         """The shards a range spans, sorted, checked against the number of shards."""
@@ -579,9 +624,10 @@ async def chase_floor(want: Callable[[], int], floor: Callable[[int], Awaitable[
                       woke: Callable[[], None]) -> None:
     """Floor a shard at the highest revision its merged watchers want (``want()``, which
     may rise while a floor is in flight) until it has caught up, calling ``woke`` after
-    each try; no quorum (an ``EtcdError``) ends it after a short pause: the watchers ask
-    again. Used by the backend for its own merged watchers and by a worker for the feeds
-    other workers' watchers poll."""
+    each try; no quorum (an ``EtcdError``) ends it after a short pause: the watchers,
+    woken then, ask again (the caller forgets the want as this returns, before a woken
+    watcher runs). Used by the backend for its own merged watchers and by a worker for
+    the feeds other workers' watchers poll."""
     done = 0
     while (wanted := want()) > done:
         try:

@@ -24,7 +24,9 @@ etcd's behaviour kept here:
   ``canceled`` response carrying ``compact_revision``.
 * A progress request is answered with one event-less response, ``watch_id=-1``, once
   every watcher of the stream has delivered everything up to the revision at the time of
-  the request: all later events on the stream have a higher revision.
+  the request: all later events on the stream have a higher revision. Over several
+  shards that revision is the store's current one (every write acknowledged before the
+  request is at or below it): the member's idle shards are floored there first.
 * Cancelling an unknown id gets no reply.
 * Responses over ``max_response_bytes`` are split into fragments for watchers created
   with ``fragment``; all events of one revision otherwise travel in one response.
@@ -48,9 +50,12 @@ from accord.services.kv import errors
 from accord.services.kv.backend import Backend
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.pbwire import varint
-from accord.services.kv.shardwatch import AnyWatcher
+from accord.services.kv.shardwatch import AnyWatcher, ShardedWatchHub
 from accord.services.kv.watchhub import WatchBatch
 
+_PROGRESS_CLOSE_S = 5.0
+"""The longest a progress request waits for idle shards to be floored at the store's
+current revision (``WatchStream._close_through``)."""
 _CONTROL_LIMIT = 256
 """Answers to requests queued per stream before the reader waits for the sender."""
 _LEADER_CHECK_S = 1.0
@@ -222,6 +227,11 @@ def add_watch_servicer(servicer: WatchServicer, server: grpc.aio.Server) -> None
 
 class WatchStream:
     """One gRPC watch stream, etcd's way (see the module docstring)."""
+
+    broken_progress_at_closed = False
+    """A deliberately broken variant for tests (the behaviour before progress requests
+    closed the idle shards): a progress request over several shards is answered at the
+    lowest shard's closed revision. Never set outside tests."""
 
     def __init__(self, backend: Backend, *, max_response_bytes: int, require_leader: bool,
                  auth: AuthGuard | None = None) -> None:
@@ -427,10 +437,26 @@ class WatchStream:
 
     # --- progress -----------------------------------------------------------------------
     async def _request_progress(self) -> None:
+        if not self.broken_progress_at_closed:
+            await self._close_through(self._b.latest_revision())
         if self._progress is not None:
             self._progress.again = True
             return
         self._start_progress_round()
+
+    async def _close_through(self, revision: int) -> None:
+        """Over several shards: have every shard of this member closed at ``revision``
+        (``ShardedWatchHub.close_through``) before the round takes the hub's progress,
+        so that a progress request is answered at the store's current revision, as one
+        etcd answers it, and not at its idlest shard's (a client that read at R and waits
+        for a progress notification at or above R would wait for a write to every
+        shard). No quorum, or no answer within :data:`_PROGRESS_CLOSE_S`: the round goes
+        on with what the shards have closed (lower, never wrong)."""
+        hub = self._hub
+        if not isinstance(hub, ShardedWatchHub) or hub.progress() >= revision:
+            return
+        with contextlib.suppress(EtcdError, TimeoutError):
+            await asyncio.wait_for(hub.close_through(revision), _PROGRESS_CLOSE_S)
 
     def _start_progress_round(self) -> None:
         rnd = _ProgressRound(self._hub.progress(), waiting=set(self._entries))

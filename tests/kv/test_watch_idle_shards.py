@@ -1,0 +1,129 @@
+"""Watches over several shards whose answers wait on idle shards.
+
+A progress request on a watch stream over several shards is answered at the store's
+current revision, as one etcd answers it (``WatchStream._close_through``,
+``ShardedWatchHub.close_through``): a client that wrote or read at R and then waits for
+a progress notification at or above R gets one without a write to every shard. The
+broken variant (``WatchStream.broken_progress_at_closed``: the answer is the idlest
+shard's closed revision, the behaviour before) leaves such a client waiting.
+
+A merged watcher whose event waits on idle shards gets it once the backend's floor of
+those shards failed (no quorum) and then succeeded: the failed try does not swallow the
+watcher's ask (``shardwatch.chase_floor``; on a worker, ``RemoteWatcher`` nudges again)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+import grpc
+import pytest
+
+from accord.proto import rpc_pb2 as pb
+from accord.services.kv import sharding
+from accord.services.kv.backend import Backend
+from accord.services.kv.errors import EtcdError
+from accord.services.kv.shardwatch import MergedWatcher
+from accord.services.kv.watchstream import WatchStream
+from tests.kv.test_xshard import SHARDS, Shards
+
+
+def key_on(shard: int) -> bytes:
+    return next(k for i in range(1000)
+                if sharding.shard_of(k := b"p%d" % i, SHARDS) == shard)
+
+
+async def progress_answer(b: Backend, create: pb.WatchCreateRequest,
+                          between: Callable[[], Awaitable[None]] | None = None) -> int:
+    """Open a stream on ``b`` with one watch, (once it is created, run ``between``,) ask
+    for progress; the revision of the answer."""
+    done = asyncio.Event()
+    created = asyncio.Event()
+
+    async def requests() -> AsyncIterator[pb.WatchRequest]:
+        yield pb.WatchRequest(create_request=create)
+        await created.wait()
+        if between is not None:
+            await between()
+        yield pb.WatchRequest(progress_request=pb.WatchProgressRequest())
+        await done.wait()
+
+    stream = WatchStream(b, max_response_bytes=1 << 20, require_leader=False)
+    try:
+        async with asyncio.timeout(10):
+            async for raw in stream.run(requests()):
+                resp = pb.WatchResponse.FromString(raw)
+                if resp.created:
+                    created.set()
+                if resp.watch_id == -1 and not resp.created:
+                    return int(resp.header.revision)
+    finally:
+        done.set()
+        await stream.close()
+    raise AssertionError("the stream ended without a progress answer")
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["fixed", "broken"])
+async def test_a_progress_request_is_answered_at_the_current_revision_not_the_idlest_shard(
+        broken: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(WatchStream, "broken_progress_at_closed", broken)
+    b = Shards()
+    for i in range(5):  # shard 0 runs ahead; the others stay idle
+        await b.put(pb.PutRequest(key=key_on(0), value=b"%d" % i))
+    last = (await b.put(pb.PutRequest(key=key_on(0), value=b"last"))).header.revision
+    idle = [m.revision for m in b.machines[1:]]
+    assert max(idle) < last  # the precondition: the other shards are behind the write
+    everything = pb.WatchCreateRequest(key=b"\x00", range_end=b"\x00")
+    answer = await progress_answer(b, everything)
+    if broken:
+        assert answer < last, "the broken variant should answer at the idlest shard"
+        return
+    assert answer >= last
+    assert min(m.revision for m in b.machines) >= last  # the idle shards were floored
+    # Now a write on an idle shard lands above the confirmed revision: a watcher told
+    # "everything up to answer was delivered" cannot be handed a change below it.
+    later = (await b.put(pb.PutRequest(key=key_on(2), value=b"x"))).header.revision
+    assert later > answer
+    one = pb.WatchCreateRequest(key=key_on(1))
+    assert sharding.shards_of_range(one.key, one.range_end, SHARDS) == [1]
+    assert await progress_answer(b, one) >= later  # a stream of one shard's watch too
+
+
+async def test_a_progress_request_needs_no_floor_when_every_shard_is_current() -> None:
+    """No floor proposal when the shards have closed the current revision already."""
+    b = Shards()
+    for s in range(SHARDS):
+        await b.put(pb.PutRequest(key=key_on(s), value=b"v"))
+    top = max(m.revision for m in b.machines)
+    await b.floor(list(range(SHARDS)), top)
+    before = [m.revision for m in b.machines]
+    answer = await progress_answer(b, pb.WatchCreateRequest(key=b"\x00", range_end=b"\x00"))
+    assert answer == top
+    assert [m.revision for m in b.machines] == before
+
+
+class FailingFloors(Shards):
+    """The first ``failures`` floors fail as without a quorum."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.floors = 0
+
+    async def floor(self, shards: Sequence[int], revision: int) -> None:
+        self.floors += 1
+        if self.floors <= self.failures:
+            raise EtcdError(grpc.StatusCode.UNAVAILABLE, "etcdserver: request timed out")
+        await super().floor(shards, revision)
+
+
+async def test_an_event_waiting_on_idle_shards_comes_after_a_failed_floor() -> None:
+    b = FailingFloors(failures=1)
+    w = b.watch_hub.watch(b"\x00", b"\x00")
+    assert isinstance(w, MergedWatcher)
+    put = await b.put(pb.PutRequest(key=key_on(0), value=b"v"))
+    async with asyncio.timeout(5):
+        got = await w.next_batch()
+    assert [e.kv.mod_revision for e in got.events] == [put.header.revision]
+    assert b.floors >= 2  # the failed floor was tried again
+    w.close()
