@@ -404,3 +404,23 @@ async def test_a_range_on_one_shard_at_another_shards_revision_answers_as_one_et
     with pytest.raises(EtcdError) as e:
         await m.range(pb.RangeRequest(key=key_on(1), revision=top + 1, serializable=True))
     assert e.value.message == errors.FUTURE_REV.message
+
+
+async def test_a_read_only_txn_on_one_idle_shard_answers_one_revision_in_every_part() -> None:
+    """A fenced read answers at its clock revision, above an idle shard's own: every part
+    of a read-only Txn's answer (a nested Txn's too) carries that revision, as one
+    etcd's answer does (found by ``test_differential_shards.py``: the inner Range kept
+    the shard's revision)."""
+    leaders = Leaders(SHARDS)
+    m = Member(shards_of(), tick_clock(1), leaders=leaders)
+    leaders.fencer = m
+    await m.put(pb.PutRequest(key=key_on(1), value=b"v"))
+    get = pb.RequestOp(request_range=pb.RangeRequest(key=key_on(1)))
+    nested = pb.RequestOp(request_txn=pb.TxnRequest(success=[get]))
+    got = await m.txn(pb.TxnRequest(success=[get, nested]))
+    assert got.header.revision > m.machines[1].revision  # the read's, above the shard's
+    inner = got.responses[1].response_txn
+    assert {got.header.revision, got.responses[0].response_range.header.revision,
+            inner.header.revision, inner.responses[0].response_range.header.revision} \
+        == {got.header.revision}
+    assert [kv.value for kv in got.responses[0].response_range.kvs] == [b"v"]

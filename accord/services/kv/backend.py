@@ -700,7 +700,7 @@ class StateMachineBackend(ABC):
                 await self._wait_one_shard_read(shard, ranges, 0, start)
             read: rpc_pb2.TxnResponse = sm.read_txn(req)
             if start > read.header.revision:
-                read.header.revision = start  # the store's revision, as the Range's
+                _txn_at(read, start)  # the store's revision, as the Range's
             await self.settle(read.header.revision)
             return read
         if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
@@ -1034,3 +1034,15 @@ def _shard_of_keys(keys: list[bytes], shards: int) -> int | None:
     if len(touched) > 1:
         return None
     return next(iter(touched))
+
+
+def _txn_at(resp: rpc_pb2.TxnResponse, revision: int) -> None:
+    """Give a read-only Txn's answer, its nested answers included, the header revision
+    ``revision``: one etcd gives every part of a Txn's answer the same one."""
+    resp.header.revision = revision
+    for op in resp.responses:
+        kind = op.WhichOneof("response")
+        if kind == "response_range":
+            op.response_range.header.revision = revision
+        elif kind == "response_txn":
+            _txn_at(op.response_txn, revision)
