@@ -4,7 +4,7 @@ A progress request on a watch stream over several shards is answered at the stor
 current revision, as one etcd answers it (``WatchStream._close_through``,
 ``ShardedWatchHub.close_through``): a client that wrote or read at R and then waits for
 a progress notification at or above R gets one without a write to every shard. The
-broken variant (``WatchStream.broken_progress_at_closed``: the answer is the idlest
+broken variant (``WatchStream.broken_at_idlest_shard``: the answer is the idlest
 shard's closed revision, the behaviour before) leaves such a client waiting.
 
 A merged watcher whose event waits on idle shards gets it once the backend's floor of
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 import pytest
@@ -33,12 +34,23 @@ def key_on(shard: int) -> bytes:
                 if sharding.shard_of(k := b"p%d" % i, SHARDS) == shard)
 
 
-async def progress_answer(b: Backend, create: pb.WatchCreateRequest,
-                          between: Callable[[], Awaitable[None]] | None = None) -> int:
+@dataclass
+class Answers:
+    """What one watch stream answered: its created revision, its events, the revision
+    of the progress answer."""
+
+    created: int = 0
+    events: list[tuple[bytes, int]] = field(default_factory=list)
+    progress: int = 0
+
+
+async def stream_answers(b: Backend, create: pb.WatchCreateRequest,
+                         between: Callable[[], Awaitable[None]] | None = None) -> Answers:
     """Open a stream on ``b`` with one watch, (once it is created, run ``between``,) ask
-    for progress; the revision of the answer."""
+    for progress; what it answered until the progress answer."""
     done = asyncio.Event()
     created = asyncio.Event()
+    out = Answers()
 
     async def requests() -> AsyncIterator[pb.WatchRequest]:
         yield pb.WatchRequest(create_request=create)
@@ -54,19 +66,28 @@ async def progress_answer(b: Backend, create: pb.WatchCreateRequest,
             async for raw in stream.run(requests()):
                 resp = pb.WatchResponse.FromString(raw)
                 if resp.created:
+                    out.created = int(resp.header.revision)
                     created.set()
+                out.events += [(e.kv.key, int(e.kv.mod_revision)) for e in resp.events]
                 if resp.watch_id == -1 and not resp.created:
-                    return int(resp.header.revision)
+                    out.progress = int(resp.header.revision)
+                    return out
     finally:
         done.set()
         await stream.close()
     raise AssertionError("the stream ended without a progress answer")
 
 
+async def progress_answer(b: Backend, create: pb.WatchCreateRequest,
+                          between: Callable[[], Awaitable[None]] | None = None) -> int:
+    """The revision of the progress answer of :func:`stream_answers`."""
+    return (await stream_answers(b, create, between)).progress
+
+
 @pytest.mark.parametrize("broken", [False, True], ids=["fixed", "broken"])
 async def test_a_progress_request_is_answered_at_the_current_revision_not_the_idlest_shard(
         broken: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(WatchStream, "broken_progress_at_closed", broken)
+    monkeypatch.setattr(WatchStream, "broken_at_idlest_shard", broken)
     b = Shards()
     for i in range(5):  # shard 0 runs ahead; the others stay idle
         await b.put(pb.PutRequest(key=key_on(0), value=b"%d" % i))
@@ -87,6 +108,28 @@ async def test_a_progress_request_is_answered_at_the_current_revision_not_the_id
     one = pb.WatchCreateRequest(key=key_on(1))
     assert sharding.shards_of_range(one.key, one.range_end, SHARDS) == [1]
     assert await progress_answer(b, one) >= later  # a stream of one shard's watch too
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["fixed", "broken"])
+async def test_a_watch_from_now_starts_at_the_current_revision_and_sees_every_change_after(
+        broken: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watch without a start revision is created at the store's current revision, at
+    or above a write acknowledged before (one etcd's created answer), and delivers every
+    change above that revision and none below: a write on an idle shard, after it."""
+    monkeypatch.setattr(WatchStream, "broken_at_idlest_shard", broken)
+    b = Shards()
+    mine = (await b.put(pb.PutRequest(key=key_on(0), value=b"before"))).header.revision
+    later: list[int] = []
+
+    async def write() -> None:
+        later.append((await b.put(pb.PutRequest(key=key_on(3), value=b"after"))).header.revision)
+
+    got = await stream_answers(b, pb.WatchCreateRequest(key=b"\x00", range_end=b"\x00"), write)
+    if broken:  # created below the client's own write, which it then sees again
+        assert got.created < mine and (key_on(0), mine) in got.events
+        return
+    assert got.events == [(key_on(3), later[0])]  # the write after, not the one before
+    assert mine <= got.created < later[0] <= got.progress
 
 
 async def test_a_progress_request_needs_no_floor_when_every_shard_is_current() -> None:

@@ -36,7 +36,7 @@ import grpc
 
 from accord.proto import rpc_pb2
 from accord.services.cluster.alarms import AlarmTable
-from accord.services.kv import errors, fanout, sharding, xlease, xtxn
+from accord.services.kv import errors, fanout, sharding, txn, xlease, xtxn
 from accord.services.kv.clockguard import ClockGuard, ClockUntrusted
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
@@ -700,7 +700,7 @@ class StateMachineBackend(ABC):
                 await self._wait_one_shard_read(shard, ranges, 0, start)
             read: rpc_pb2.TxnResponse = sm.read_txn(req)
             if start > read.header.revision:
-                _txn_at(read, start)  # the store's revision, as the Range's
+                txn.answer_at(read, start)  # the store's revision, as the Range's
             await self.settle(read.header.revision)
             return read
         if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
@@ -711,6 +711,11 @@ class StateMachineBackend(ABC):
             result: rpc_pb2.TxnResponse = await self.commit(command, shard)
         except errors.Locked:
             result = await self.commit_free(command, shard)
+        if self.shards > 1:
+            # Its reads before its first change name the state they saw by the revision
+            # just below the Txn's, as one etcd, not by the shard's own latest (a lower
+            # name for the same state on this shard, not for the store).
+            txn.answer_at(result, result.header.revision)
         await self.settle(result.header.revision)
         return result
 
@@ -1034,15 +1039,3 @@ def _shard_of_keys(keys: list[bytes], shards: int) -> int | None:
     if len(touched) > 1:
         return None
     return next(iter(touched))
-
-
-def _txn_at(resp: rpc_pb2.TxnResponse, revision: int) -> None:
-    """Give a read-only Txn's answer, its nested answers included, the header revision
-    ``revision``: one etcd gives every part of a Txn's answer the same one."""
-    resp.header.revision = revision
-    for op in resp.responses:
-        kind = op.WhichOneof("response")
-        if kind == "response_range":
-            op.response_range.header.revision = revision
-        elif kind == "response_txn":
-            _txn_at(op.response_txn, revision)

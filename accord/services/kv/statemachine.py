@@ -470,7 +470,10 @@ class KVStateMachine:
             floor = noop_floor(min_revision, self.stripe[0])
             if floor:
                 self._store.raise_floor(floor)
-                resp.header.revision = self._store.rev
+                if isinstance(resp, rpc_pb2.TxnResponse):
+                    txn.answer_at(resp, self._store.rev)
+                else:
+                    resp.header.revision = self._store.rev
         return resp
 
     def _commit(self, wt: WriteTxn) -> None:

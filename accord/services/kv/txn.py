@@ -84,3 +84,48 @@ def is_read_only(req: rpc_pb2.TxnRequest) -> bool:
             if which == "request_txn" and not is_read_only(op.request_txn):
                 return False
     return True
+
+
+def answer_at(resp: rpc_pb2.TxnResponse, revision: int) -> None:
+    """Give a Txn's answer at ``revision`` the header revisions one etcd gives it
+    (measured against etcd 3.4): the Txn's own is ``revision``; each Range, Put and
+    DeleteRange answer is at ``revision`` once a change has been made at or before it
+    in the Txn's order (a Put, a DeleteRange that deleted something), and before that
+    at the revision just below, the state the Txn started from (``revision`` itself
+    when the Txn changes nothing); a nested Txn's own header says 0.
+
+    Used where the shard's own answer cannot know ``revision``: a read answered at the
+    read's revision, a write that wrote nothing raised to its stamp, a Txn merged from
+    several shards' shares, and a one-shard write whose reads saw the shard's own
+    latest revision, a lower name for the same state (``docs/txn.md``)."""
+    before = revision - 1 if _changes(resp) else revision
+    resp.header.revision = revision
+    _stamp(resp, revision, before, [False])
+
+
+def _changes(resp: rpc_pb2.TxnResponse) -> bool:
+    for op in resp.responses:
+        kind = op.WhichOneof("response")
+        if kind == "response_put" or (kind == "response_delete_range"
+                                      and op.response_delete_range.deleted):
+            return True
+        if kind == "response_txn" and _changes(op.response_txn):
+            return True
+    return False
+
+
+def _stamp(resp: rpc_pb2.TxnResponse, revision: int, before: int, changed: list[bool]) -> None:
+    for op in resp.responses:
+        kind = op.WhichOneof("response")
+        if kind == "response_range":
+            op.response_range.header.revision = revision if changed[0] else before
+        elif kind == "response_put":
+            changed[0] = True
+            op.response_put.header.revision = revision
+        elif kind == "response_delete_range":
+            dr = op.response_delete_range
+            changed[0] = changed[0] or dr.deleted > 0
+            dr.header.revision = revision if changed[0] else before
+        elif kind == "response_txn":
+            op.response_txn.header.revision = 0
+            _stamp(op.response_txn, revision, before, changed)

@@ -26,7 +26,9 @@ etcd's behaviour kept here:
   every watcher of the stream has delivered everything up to the revision at the time of
   the request: all later events on the stream have a higher revision. Over several
   shards that revision is the store's current one (every write acknowledged before the
-  request is at or below it): the member's idle shards are floored there first.
+  request is at or below it): the member's idle shards are floored there first. So is
+  the revision a watch without a start revision is created at, and the watch delivers
+  exactly the changes above it, as one etcd's.
 * Cancelling an unknown id gets no reply.
 * Responses over ``max_response_bytes`` are split into fragments for watchers created
   with ``fragment``; all events of one revision otherwise travel in one response.
@@ -228,10 +230,11 @@ def add_watch_servicer(servicer: WatchServicer, server: grpc.aio.Server) -> None
 class WatchStream:
     """One gRPC watch stream, etcd's way (see the module docstring)."""
 
-    broken_progress_at_closed = False
-    """A deliberately broken variant for tests (the behaviour before progress requests
-    closed the idle shards): a progress request over several shards is answered at the
-    lowest shard's closed revision. Never set outside tests."""
+    broken_at_idlest_shard = False
+    """A deliberately broken variant for tests (the behaviour before progress requests and
+    watches from now closed the idle shards): over several shards a progress request is
+    answered, and a watch from now created, at the idlest shard's closed revision. Never
+    set outside tests."""
 
     def __init__(self, backend: Backend, *, max_response_bytes: int, require_leader: bool,
                  auth: AuthGuard | None = None) -> None:
@@ -405,9 +408,19 @@ class WatchStream:
         if cr.watch_id != 0 and cr.watch_id in self._entries:
             await refuse(errors.MSG_DUPLICATE_WATCH_ID)
             return
+        start = cr.start_revision
+        hub = self._hub
+        if start <= 0 and isinstance(hub, ShardedWatchHub):
+            # "From now", as one etcd: from the store's current revision (idle shards
+            # floored there first), every shard from the revision the created answer
+            # names, so that the watch delivers exactly the changes above it.
+            if not self.broken_at_idlest_shard:
+                await self._close_through(self._b.latest_revision())
+            now = hub.progress()
+            start = now + 1
         try:
-            watcher = self._hub.watch(
-                key, end, cr.start_revision, cr.prev_kv, list(cr.filters), cr.progress_notify
+            watcher = hub.watch(
+                key, end, start, cr.prev_kv, list(cr.filters), cr.progress_notify
             )
         except EtcdError as e:
             await refuse(e.message)
@@ -437,7 +450,7 @@ class WatchStream:
 
     # --- progress -----------------------------------------------------------------------
     async def _request_progress(self) -> None:
-        if not self.broken_progress_at_closed:
+        if not self.broken_at_idlest_shard:
             await self._close_through(self._b.latest_revision())
         if self._progress is not None:
             self._progress.again = True

@@ -298,7 +298,7 @@ def merge(
     """One TxnResponse at ``rev`` from every participant's :func:`run_share` answer."""
     resp = rpc_pb2.TxnResponse()
     _merge(req, path, [0], parts, rev, limits, shard_of, resp)
-    resp.header.revision = rev
+    txn.answer_at(resp, rev)
     return resp
 
 
@@ -322,13 +322,13 @@ def _merge(
             owner = mine.get(shard_of(op.request_put.key))
             if owner is not None:
                 out.response_put.CopyFrom(owner.response_put)
-            out.response_put.header.revision = rev
+            else:
+                out.response_put.SetInParent()
         elif which == "request_delete_range":
             dr = fanout.merge_deletes([m.response_delete_range for m in mine.values()])
-            dr.header.revision = rev
             out.response_delete_range.CopyFrom(dr)
         elif which == "request_txn":
-            out.response_txn.header.revision = rev
+            out.response_txn.SetInParent()
             _merge(op.request_txn, path, p,
                    {s: m.response_txn for s, m in mine.items()}, rev, limits, shard_of,
                    out.response_txn)
