@@ -55,9 +55,10 @@ from accord.services.kv.pbwire import varint
 from accord.services.kv.shardwatch import AnyWatcher, ShardedWatchHub
 from accord.services.kv.watchhub import WatchBatch
 
-_PROGRESS_CLOSE_S = 5.0
-"""The longest a progress request waits for idle shards to be floored at the store's
-current revision (``WatchStream._close_through``)."""
+_PROGRESS_CLOSE_S = 2.0
+"""The longest a progress request, or the creation of a watch from now, waits for idle
+shards to be floored at the store's current revision (``WatchStream._close_through``):
+a member cut off from the quorum answers after it, at what its shards have closed."""
 _CONTROL_LIMIT = 256
 """Answers to requests queued per stream before the reader waits for the sender."""
 _LEADER_CHECK_S = 1.0
