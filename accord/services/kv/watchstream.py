@@ -411,12 +411,14 @@ class WatchStream:
             return
         start = cr.start_revision
         hub = self._hub
-        if start <= 0 and isinstance(hub, ShardedWatchHub):
-            # "From now", as one etcd: from the store's current revision (idle shards
-            # floored there first), every shard from the revision the created answer
-            # names, so that the watch delivers exactly the changes above it.
-            if not self.broken_at_idlest_shard:
-                await self._close_through(self._b.latest_revision())
+        if (start <= 0 and isinstance(hub, ShardedWatchHub) and not self.broken_at_idlest_shard
+                and await self._close_through(self._b.latest_revision())):
+            # "From now", as one etcd: from the store's current revision (the idle
+            # shards were floored there), every shard from the revision the created
+            # answer names, so that the watch delivers exactly the changes above it.
+            # (Without a quorum: each shard from its own next revision, as before: a
+            # change between the idlest shard's revision and a busier shard's could not
+            # be delivered until the shards close again.)
             now = hub.progress()
             start = now + 1
         try:
@@ -458,19 +460,22 @@ class WatchStream:
             return
         self._start_progress_round()
 
-    async def _close_through(self, revision: int) -> None:
+    async def _close_through(self, revision: int) -> bool:
         """Over several shards: have every shard of this member closed at ``revision``
         (``ShardedWatchHub.close_through``) before the round takes the hub's progress,
         so that a progress request is answered at the store's current revision, as one
         etcd answers it, and not at its idlest shard's (a client that read at R and waits
         for a progress notification at or above R would wait for a write to every
         shard). No quorum, or no answer within :data:`_PROGRESS_CLOSE_S`: the round goes
-        on with what the shards have closed (lower, never wrong)."""
+        on with what the shards have closed (lower, never wrong), and this says False."""
         hub = self._hub
         if not isinstance(hub, ShardedWatchHub) or hub.progress() >= revision:
-            return
-        with contextlib.suppress(EtcdError, TimeoutError):
+            return True
+        try:
             await asyncio.wait_for(hub.close_through(revision), _PROGRESS_CLOSE_S)
+        except (EtcdError, TimeoutError):
+            return False
+        return True
 
     def _start_progress_round(self) -> None:
         rnd = _ProgressRound(self._hub.progress(), waiting=set(self._entries))
