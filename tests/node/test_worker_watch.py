@@ -19,7 +19,7 @@ from accord.services.kv.errors import EtcdError
 from accord.services.kv.sharding import shard_of
 from accord.services.kv.shardwatch import MergedWatcher, ShardedWatchHub
 from accord.services.kv.watchhub import WatchBatch
-from tests.kv.test_watch_idle_shards import progress_answer
+from tests.kv.test_watch_idle_shards import progress_answer, stream_answers
 from tests.node.test_workers_router import (
     PLAN,
     SHARDS,
@@ -248,3 +248,16 @@ async def test_an_event_waiting_on_the_other_workers_idle_shards_comes_after_a_f
     assert revisions(got) == [put.header.revision]
     assert len(calls) >= 2
     w.close()
+
+
+async def test_a_watch_from_now_through_one_worker_starts_above_the_other_workers_write(
+        workers: list[Worker]) -> None:
+    """A write on worker 1's shard, then a watch from now through worker 0 (which has
+    never heard of worker 1's shards): created at or above the write (worker 1's shards
+    floored through ``WatchFloor``), and the write is not handed back as an event."""
+    key = keys_of(1, 1)[0]
+    mine = int((await workers[1].backend.put(pb.PutRequest(key=key, value=b"v"))).header.revision)
+    got = await stream_answers(workers[0].backend,
+                               pb.WatchCreateRequest(key=b"\x00", range_end=b"\x00"))
+    assert got.created >= mine and got.progress >= mine
+    assert (key, mine) not in got.events

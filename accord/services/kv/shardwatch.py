@@ -500,8 +500,8 @@ class ShardedWatchHub:
         """Have :meth:`progress` reach ``revision`` (a revision of the store, e.g. the
         current one): every shard whose closed revision on this member is below it is
         floored there, this process's through :data:`Floor`, another worker's through
-        that worker (:meth:`RemoteShards.floor`; only shards this worker has heard of,
-        which are all that :meth:`progress` counts). A watch stream does this before it
+        that worker (:meth:`RemoteShards.floor`, which notes their closed revisions: from
+        then on :meth:`progress` counts them). A watch stream does this before it
         answers a progress request, so that the answer is the store's current revision,
         as one etcd's is, and not the revision of its idlest shard: a client that read
         at R and then waits for a progress notification at or above R (Kubernetes'
@@ -518,8 +518,8 @@ class ShardedWatchHub:
         for i, h in enumerate(self.hubs):
             if remote is not None and not remote.hosts(i):
                 known = remote.closed(i)
-                if known is not None and known < revision:
-                    theirs.append(i)
+                if known is None or known < revision:
+                    theirs.append(i)  # (never heard of: heard of from now on)
             elif h.progress() < revision:
                 mine.append(i)
         parts: list[Awaitable[None]] = []
