@@ -326,10 +326,12 @@ class ReplicatedBackend(StateMachineBackend):
         return await asyncio.to_thread(walk)
 
     async def _image(self) -> bytes:
-        """The store's image: shard 0's snapshot, or every shard's in one msgpack list."""
+        """The store's image for etcd's Hash: shard 0's snapshot, or every shard's
+        (``KVStateMachine.prepare_hash``: without the revision counter a floor moves) in
+        one msgpack list."""
         if self.shards == 1:
             return await asyncio.to_thread(self.sm.prepare_snapshot())
-        captures = [m.prepare_snapshot() for m in self.machines]
+        captures = [m.prepare_hash() for m in self.machines]
 
         def serialize() -> bytes:
             packed: bytes = msgpack.packb(
@@ -398,7 +400,7 @@ class ReplicatedBackend(StateMachineBackend):
         them, shard by shard)."""
         for s in shards:
             self._check_local(s)
-            blob = await asyncio.to_thread(self.machines[s].prepare_snapshot())
+            blob = await asyncio.to_thread(self.machines[s].prepare_hash())
             crc = int(crc32c.crc32c(msgpack.packb(blob, use_bin_type=True), crc))
         return crc
 

@@ -365,15 +365,24 @@ async def test_hash_covers_every_shard_of_both_workers_as_one_process_frames_it(
         workers: list[Worker]) -> None:
     """etcd's Hash through either worker: the CRC-32C of every shard's image in shard
     order, framed as a node of one process frames its shards (``_image``), each image
-    from the shard's owner; a write on either worker's shard changes it."""
+    from the shard's owner; a revision floor of every shard does not change it, a write on
+    either worker's shard does."""
     await fill(workers)
 
     def one_process() -> int:
-        images = [workers[PLAN.worker_of_shard(s)].backend.machines[s].prepare_snapshot()()
+        images = [workers[PLAN.worker_of_shard(s)].backend.machines[s].prepare_hash()()
                   for s in range(SHARDS)]
         return int(crc32c.crc32c(msgpack.packb(["accord-shards", images], use_bin_type=True)))
 
     want = one_process()
+    for w in workers:
+        assert (await w.router.hash_across(pb.HashRequest())).hash == want
+    # A revision floor on every shard (a fence after answered reads, a watch closing
+    # idle shards) changes no key: the Hash stays, as a quiet etcd's does.
+    top = max(int(w.backend.latest_revision()) for w in workers) + 1000
+    for w in workers:
+        mine = [s for s in range(SHARDS) if PLAN.worker_of_shard(s) == workers.index(w)]
+        await w.backend.floor(mine, top)
     for w in workers:
         assert (await w.router.hash_across(pb.HashRequest())).hash == want
     await workers[1].backend.put(pb.PutRequest(key=keys_of(1, 1)[0], value=b"changed"))

@@ -966,6 +966,28 @@ class KVStateMachine:
 
         return serialize
 
+    def prepare_hash(self) -> Callable[[], bytes]:
+        """:meth:`prepare_snapshot` for etcd's Hash: the same image, but on a shard of
+        several (striped) without the shard's revision counter, which a revision floor
+        moves (a fence after answered reads, a watch closing idle shards) while no key
+        changes; the records' own revisions, the compaction revision and everything else
+        are kept. So a quiet store's Hash stays the same, as one etcd's does."""
+        if self.stripe[0] == 1:
+            return self.prepare_snapshot()
+        store_image = self._store.freeze()
+        lease_image = self._leases.dump()
+        x_image = self._x.dump() if self._x.intents or self._x.records else None
+
+        def serialize() -> bytes:
+            _rev, compact_rev, entries = store_image()
+            image = [SNAPSHOT_FORMAT, [0, compact_rev, entries], lease_image]
+            if x_image is not None:
+                image.append(x_image)
+            packed: bytes = msgpack.packb(image, use_bin_type=True)
+            return packed
+
+        return serialize
+
     @staticmethod
     def image_at(data: bytes, revision: int) -> bytes:
         """A snapshot image cut back to ``revision``: versions written after it dropped
