@@ -12,9 +12,11 @@ tracks a *safe revision*: every event at or below it has been received. That is 
 revision before the start, raised by each progress notification. Events above the safe
 revision are remembered by ``(key, mod_revision)`` until a progress notification passes
 them; the watch asks for one itself after every 128 such events or once a second while
-events flow, each time after a count read of the range (which floors shards that had no
-writes, so that the progress of a range over several shards moves too), so that memory
-stays small. The stream is created with ``progress_notify`` so that the server answers
+events flow, so that memory stays small. A server answers a progress request at the
+store's current revision, flooring the shards that had no writes first (so the progress
+of a range over several shards moves too); the watch still reads the range (count only)
+before it asks, which floors them on a server from before that, or while reads are not
+fenced. The stream is created with ``progress_notify`` so that the server answers
 for this watch's own shards. When the stream breaks — the member was killed, restarted,
 lost its leader, the connection dropped, or the server cancelled a too-slow watcher —
 the watch opens a new stream on the next endpoint from the safe revision + 1 and drops
