@@ -712,9 +712,10 @@ class StateMachineBackend(ABC):
         except errors.Locked:
             result = await self.commit_free(command, shard)
         if self.shards > 1:
-            # Its reads before its first change name the state they saw by the revision
-            # just below the Txn's, as one etcd, not by the shard's own latest (a lower
-            # name for the same state on this shard, not for the store).
+            # Every part at the revision one etcd gives it: its reads before its first
+            # change at the one just below the Txn's, not the shard's own latest (a lower
+            # name for the same state on this shard, not for the store); a Txn that wrote
+            # nothing, raised to its stamp by the apply, at that one throughout.
             txn.answer_at(result, result.header.revision)
         await self.settle(result.header.revision)
         return result

@@ -470,10 +470,7 @@ class KVStateMachine:
             floor = noop_floor(min_revision, self.stripe[0])
             if floor:
                 self._store.raise_floor(floor)
-                if isinstance(resp, rpc_pb2.TxnResponse):
-                    txn.answer_at(resp, self._store.rev)
-                else:
-                    resp.header.revision = self._store.rev
+                resp.header.revision = self._store.rev
         return resp
 
     def _commit(self, wt: WriteTxn) -> None:
@@ -953,18 +950,7 @@ class KVStateMachine:
         """Capture the state now (on the apply loop: ~0.1 s per million keys) and return
         a function that serializes that capture; run it in a worker thread
         (``await asyncio.to_thread(sm.prepare_snapshot())``) so the loop keeps applying."""
-        store_image = self._store.freeze()
-        lease_image = self._leases.dump()
-        x_image = self._x.dump() if self._x.intents or self._x.records else None
-
-        def serialize() -> bytes:
-            image = [SNAPSHOT_FORMAT, store_image(), lease_image]
-            if x_image is not None:
-                image.append(x_image)  # open intents and records (docs/txn.md)
-            packed: bytes = msgpack.packb(image, use_bin_type=True)
-            return packed
-
-        return serialize
+        return self._capture(keep_revision=True)
 
     def prepare_hash(self) -> Callable[[], bytes]:
         """:meth:`prepare_snapshot` for etcd's Hash: the same image, but on a shard of
@@ -972,17 +958,20 @@ class KVStateMachine:
         moves (a fence after answered reads, a watch closing idle shards) while no key
         changes; the records' own revisions, the compaction revision and everything else
         are kept. So a quiet store's Hash stays the same, as one etcd's does."""
-        if self.stripe[0] == 1:
-            return self.prepare_snapshot()
+        return self._capture(keep_revision=self.stripe[0] == 1)
+
+    def _capture(self, keep_revision: bool) -> Callable[[], bytes]:
         store_image = self._store.freeze()
         lease_image = self._leases.dump()
         x_image = self._x.dump() if self._x.intents or self._x.records else None
 
         def serialize() -> bytes:
-            _rev, compact_rev, entries = store_image()
-            image = [SNAPSHOT_FORMAT, [0, compact_rev, entries], lease_image]
+            store = store_image()
+            if not keep_revision:
+                store = [0, *store[1:]]
+            image = [SNAPSHOT_FORMAT, store, lease_image]
             if x_image is not None:
-                image.append(x_image)
+                image.append(x_image)  # open intents and records (docs/txn.md)
             packed: bytes = msgpack.packb(image, use_bin_type=True)
             return packed
 
