@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import shutil
 import socket
 import tempfile
@@ -52,44 +53,65 @@ HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct 127.0.0.1 ports that were free a moment ago."""
-    socks = []
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_FALLBACK_RANGE = (20000, 32768)
+
+
+def _listen_range() -> tuple[int, int]:
+    """Ports ``[lo, hi)`` to listen on that no outgoing connection is given as its own
+    port: below the kernel's ephemeral range. A port chosen there stays free until the
+    daemon binds it, where one bound at 0 and closed (an ephemeral port) may meanwhile
+    become the local port of some connection (a node dialing its peers) and the daemon
+    then fails with "address already in use"."""
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((HOST, 0))
-            socks.append(s)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        lo = int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _FALLBACK_RANGE
+    return (10000, lo) if lo > 12000 else _FALLBACK_RANGE
+
+
+def _bind_free(taken: set[int], size: int = 1) -> tuple[int, list[socket.socket]]:
+    """A base port ``b`` with ``b .. b + size - 1`` bindable now and not in ``taken``,
+    below the ephemeral range; the sockets holding them (the caller closes them)."""
+    lo, hi = _listen_range()
+    rng = random.Random()
+    for _ in range(1000):
+        base = rng.randrange(lo, hi - size)
+        block = range(base, base + size)
+        if taken.intersection(block):
+            continue
+        held: list[socket.socket] = []
+        try:
+            for p in block:
+                t = socket.socket()
+                held.append(t)
+                t.bind((HOST, p))
+        except OSError:
+            for t in held:
+                t.close()
+            continue
+        return base, held
+    raise OSError(f"no free block of {size} ports in {lo}..{hi - 1}")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct 127.0.0.1 ports that were free a moment ago (below the ephemeral
+    range: :func:`_listen_range`)."""
+    return free_port_blocks(n, 1)
 
 
 def free_port_blocks(count: int, size: int, avoid: Sequence[int] = ()) -> list[int]:
     """``count`` base ports ``b``, each with ``b .. b + size - 1`` free a moment ago, the
     blocks apart from each other and from ``avoid`` (the peer ports of nodes of ``size``
-    workers: worker ``k`` listens on ``b + k``)."""
+    workers: worker ``k`` listens on ``b + k``), below the ephemeral range."""
     taken = set(avoid)
     held: list[socket.socket] = []
     bases: list[int] = []
     try:
         while len(bases) < count:
-            s = socket.socket()
-            s.bind((HOST, 0))
-            held.append(s)
-            base = int(s.getsockname()[1])
-            block = range(base, base + size)
-            if base + size > 65536 or taken.intersection(block):
-                continue
-            try:
-                for p in block[1:]:
-                    t = socket.socket()
-                    held.append(t)
-                    t.bind((HOST, p))
-            except OSError:
-                continue
-            taken.update(block)
+            base, socks = _bind_free(taken, size)
+            held.extend(socks)
+            taken.update(range(base, base + size))
             bases.append(base)
         return bases
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 
@@ -53,3 +54,20 @@ async def test_a_node_that_is_down_cannot_be_killed_again() -> None:
         await c.restart(0)
         with pytest.raises(ValueError, match="is running"):
             await c.restart(0)
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_bind() -> None:
+    """Ports handed to daemons come from below the kernel's ephemeral range, so no
+    outgoing connection (a node dialing its peers while the next node starts) can take
+    one before its daemon binds it; blocks are consecutive, apart, and bindable."""
+    lo, hi = accord.testing._listen_range()
+    ports = accord.testing.free_ports(20)
+    assert len(set(ports)) == 20 and all(lo <= p < hi for p in ports)
+    bases = accord.testing.free_port_blocks(5, 3, avoid=ports)
+    blocks = [set(range(b, b + 3)) for b in bases]
+    assert all(lo <= b and b + 3 <= hi for b in bases)
+    assert not set().union(*blocks) & set(ports)
+    assert sum(len(b) for b in blocks) == len(set().union(*blocks))
+    for p in [*ports, *set().union(*blocks)]:
+        with socket.socket() as s:
+            s.bind((accord.testing.HOST, p))
