@@ -165,6 +165,10 @@ class Config:
                                            "a group's leadership moves to the member that "
                                            "receives 60 percent or more of them, sparing its clients "
                                            "a forwarding hop (0: never).")
+    watch_progress_notify_interval: int = _opt(
+        600_000, "Milliseconds between progress notifications to idle watchers created with "
+                 "progress_notify (etcd's --experimental-watch-progress-notify-interval, "
+                 "10 minutes).")
     log_level: str = _opt("info", "Log level: debug, info, warn, error.")
     log_format: str = _opt("", "Log lines as 'json' (one object per line) or 'console' "
                                "(default: console on a terminal, json otherwise).")
@@ -514,6 +518,9 @@ class Config:
             p(f"leader-balance-interval {self.leader_balance_interval} ms: must be >= 0 (0 turns it off)")
         if self.leader_follow_requests < 0:
             p(f"leader-follow-requests {self.leader_follow_requests}: must be >= 0 (0 turns it off)")
+        if self.watch_progress_notify_interval < 100:
+            p(f"watch-progress-notify-interval {self.watch_progress_notify_interval} ms: "
+              "must be >= 100")
         if self.snapshot_count < 1:
             p(f"snapshot-count {self.snapshot_count}: must be >= 1")
         if self.snapshot_log_percent < 0:

@@ -103,6 +103,7 @@ from accord.services.kv.limits import Limits
 from accord.services.kv.revorder import ORDER_GATE, READ_FENCE_GATE
 from accord.services.kv.sharding import shards_of_range
 from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
+from accord.services.kv.watchstream import notify_progress_now
 from accord.services.kv.xcommands import XDECIDE_GATE, XLEASE_GATE, XTXN_GATE
 from accord.services.kv.xcoord import FAILPOINT_ENV
 from accord.services.scheduling.replicated import SCHEDULING_GROUP, SchedulerShard
@@ -121,8 +122,6 @@ META_BARRIER_WAIT_S = 5.0
 """How long a worker's auth freshness barrier waits for worker 0 and its copy."""
 META_SYNC_S = 10.0
 """Seconds a worker > 0 waits at start for its first meta state from worker 0."""
-PROGRESS_NOTIFY_INTERVAL = 600.0
-"""etcd's default watch progress-notify interval."""
 
 class _KVMachine:
     """Adapts ``KVStateMachine`` to the host's ``StateMachine`` protocol."""
@@ -350,6 +349,7 @@ class Node:
         self._prober.start()
         if not home:
             self._tasks.append(asyncio.create_task(self._intent_loop(), name="intent-recovery"))
+            self._tasks.append(asyncio.create_task(self._progress_loop(), name="watch-progress"))
             # This worker's groups follow worker 0's member table (its meta copy).
             self._tasks.append(asyncio.create_task(self.members.run(repair=False),
                                                    name="member-changes"))
@@ -594,9 +594,14 @@ class Node:
                     self.metrics.leader_moves += 1
 
     async def _progress_loop(self) -> None:
+        """etcd's periodic progress notifications to idle watchers that asked for them,
+        at the store's current revision (over several shards the idle ones are floored
+        there first, when there is a watcher to tell). Every worker runs it: a watch
+        stream lands on whichever worker accepted its connection."""
+        interval = self.config.watch_progress_notify_interval / 1000
         while True:
-            await asyncio.sleep(PROGRESS_NOTIFY_INTERVAL)
-            self.backend.watch_hub.notify_progress()
+            await asyncio.sleep(interval)
+            await notify_progress_now(self.backend)
 
     async def stop(self, *, graceful: bool = True) -> None:
         """Stop serving and close everything; ``graceful`` first hands leaderships over

@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from accord.client import AccordClient, ClientError, JobSpec
 from accord.client.checkpoint_writer import CheckpointCoordinator
+from accord.client.tls import sync_channel
 from accord.node.grpc_server import CLOCK_METADATA
 from accord.node.placement import WorkerPlan
 from accord.node.server import SOCKETS_ENV
@@ -59,6 +60,8 @@ SHARDS = 4
 WORKERS = 2
 PLAN = WorkerPlan(WORKERS, SHARDS)
 RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+PROGRESS_NOTIFY_MS = 1000
+"""``--watch-progress-notify-interval`` of the module's cluster (etcd's is 10 minutes)."""
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +69,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcCluster]:
     """Three nodes of two workers, clients and peers under mutual TLS (etcd's flags)."""
     root = tmp_path_factory.mktemp("workers")
     tls = ClusterTLS.make(root / "certs", ["n1", "n2", "n3"])
-    with ProcCluster(root, 3, workers=WORKERS, tls=tls, extra=("--shards", str(SHARDS))) as c:
+    with ProcCluster(root, 3, workers=WORKERS, tls=tls,
+                     extra=("--shards", str(SHARDS), "--watch-progress-notify-interval",
+                            str(PROGRESS_NOTIFY_MS))) as c:
         yield c
 
 
@@ -548,6 +553,47 @@ def test_a_real_etcdctl_watch_through_any_endpoint_sees_both_workers_in_revision
         for proc in watchers:
             proc.kill()
             proc.communicate(timeout=10)
+
+
+def test_periodic_progress_notifications_come_from_either_worker_at_the_current_revision(
+        cluster: ProcCluster) -> None:
+    """Watches created with ``progress_notify`` on connections that land on either
+    worker get etcd's periodic progress notifications, and a notification names the
+    store's current revision: at or above a write on another shard acknowledged after
+    the watch was created, though the watched key's shard wrote nothing since."""
+    idle = keys_of_worker(1, "/pn-idle/", 1)[0]
+    busy = next(k for k in keys_of_worker(0, "/pn-busy/", 8)
+                if shard_of(k, SHARDS) != shard_of(idle, SHARDS))
+    done = threading.Event()
+
+    def requests() -> Iterator[pb.WatchRequest]:
+        yield pb.WatchRequest(create_request=pb.WatchCreateRequest(key=idle,
+                                                                   progress_notify=True))
+        done.wait(60)
+
+    streams = []
+    channels = [sync_channel(n.client_url, n.tls) for n in cluster.nodes for _ in range(3)]
+    try:
+        for ch in channels:  # new connections: the kernel spreads them over the workers
+            call = rpc_pb2_grpc.WatchStub(ch).Watch(requests(), timeout=30)
+            streams.append(call)
+            assert next(call).created
+        put = retry(fresh_kv(cluster.nodes[0]).Put, pb.PutRequest(key=busy, value=b"v"))
+        rev = int(put.header.revision)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 10 * PROGRESS_NOTIFY_MS / 1000
+        for call in streams:
+            told = 0
+            while told < rev and time.monotonic() < deadline:
+                resp = next(call)
+                assert not resp.events and not resp.canceled
+                told = int(resp.header.revision)
+            assert told >= rev, f"last progress notification at {told}, below the put's {rev}"
+    finally:
+        done.set()
+        for call in streams:
+            call.cancel()
+        for ch in channels:
+            ch.close()
 
 
 def _name_on_worker(worker: int, prefix: str) -> bytes:

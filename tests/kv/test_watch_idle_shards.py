@@ -132,6 +132,55 @@ async def test_a_watch_from_now_starts_at_the_current_revision_and_sees_every_ch
     assert mine <= got.created < later[0] <= got.progress
 
 
+@pytest.mark.parametrize("broken", [False, True], ids=["fixed", "broken"])
+async def test_a_watch_with_a_start_revision_is_created_at_the_current_revision(
+        broken: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The created answer of a watch from a past revision names the store's current
+    revision (one etcd's ``header.revision``), and the watch delivers the history from
+    its start revision, the idle shards' later writes included."""
+    monkeypatch.setattr(WatchStream, "broken_at_idlest_shard", broken)
+    b = Shards()
+    first = (await b.put(pb.PutRequest(key=key_on(1), value=b"old"))).header.revision
+    for i in range(4):  # shard 0 runs ahead of the others
+        await b.put(pb.PutRequest(key=key_on(0), value=b"%d" % i))
+    last = (await b.put(pb.PutRequest(key=key_on(0), value=b"last"))).header.revision
+    got = await stream_answers(b, pb.WatchCreateRequest(key=key_on(1), range_end=b"\x00",
+                                                        start_revision=first))
+    if broken:
+        assert got.created < last, "the broken variant should name the idlest shard's revision"
+        return
+    assert got.created >= last
+    assert (key_on(1), first) in got.events
+    assert [r for _, r in got.events] == sorted(r for _, r in got.events)
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["fixed", "broken"])
+async def test_periodic_progress_notifications_name_the_current_revision(
+        broken: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """etcd's periodic progress notifications (``notify_progress_now``, the server's
+    loop) tell idle watchers over several shards, and watchers of one idle shard, the
+    store's current revision: at or above a write acknowledged before."""
+    monkeypatch.setattr(WatchStream, "broken_at_idlest_shard", broken)
+    b = Shards()
+    put = await b.put(pb.PutRequest(key=key_on(0), value=b"v"))
+    merged = b.watch_hub.watch(b"\x00", b"\x00", progress_notify=True)
+    one = b.watch_hub.watch(key_on(3), progress_notify=True)
+    assert isinstance(merged, MergedWatcher) and not isinstance(one, MergedWatcher)
+    async with asyncio.timeout(5):
+        assert await watchstream.notify_progress_now(b) == 2
+        told_merged = await merged.next_batch()
+        told_one = await one.next_batch()
+    assert told_merged.progress and told_one.progress
+    if broken:
+        assert told_merged.revision < put.header.revision
+        assert told_one.revision < put.header.revision
+        return
+    assert told_merged.revision >= put.header.revision
+    assert told_one.revision >= put.header.revision
+    merged.close()
+    one.close()
+
+
 async def test_a_progress_request_needs_no_floor_when_every_shard_is_current() -> None:
     """No floor proposal when the shards have closed the current revision already."""
     b = Shards()

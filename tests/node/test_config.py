@@ -141,6 +141,7 @@ def test_parse_url_errors(url: str, why: str) -> None:
     (["--election-timeout", "60000", "--heartbeat-interval", "1000"], {}, "at most 50000"),
     (["--shards", "0"], {}, "shards 0"),
     (["--snapshot-log-percent", "-5"], {}, "snapshot-log-percent -5: must be >= 0"),
+    (["--watch-progress-notify-interval", "10"], {}, "watch-progress-notify-interval 10 ms"),
     (["--max-clock-offset", "-1"], {}, "max-clock-offset -1 ms"),
     (["--leader-balance-interval", "-1"], {}, "leader-balance-interval -1 ms"),
     (["--max-request-bytes", "10", "--quota-backend-bytes", "5"], {}, "max-request-bytes 10"),

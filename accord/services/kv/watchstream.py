@@ -27,8 +27,10 @@ etcd's behaviour kept here:
   the request: all later events on the stream have a higher revision. Over several
   shards that revision is the store's current one (every write acknowledged before the
   request is at or below it): the member's idle shards are floored there first. So is
-  the revision a watch without a start revision is created at, and the watch delivers
-  exactly the changes above it, as one etcd's.
+  the revision every ``created`` answer names, and a watch without a start revision
+  delivers exactly the changes above it, as one etcd's. The server's periodic progress
+  notifications (``progress_notify``) close the shards the same way first
+  (:func:`close_shards_through`).
 * Cancelling an unknown id gets no reply.
 * Responses over ``max_response_bytes`` are split into fragments for watchers created
   with ``fragment``; all events of one revision otherwise travel in one response.
@@ -53,7 +55,7 @@ from accord.services.kv.backend import Backend
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.pbwire import varint
 from accord.services.kv.shardwatch import AnyWatcher, ShardedWatchHub
-from accord.services.kv.watchhub import WatchBatch
+from accord.services.kv.watchhub import WatchBatch, WatchHub
 
 _PROGRESS_CLOSE_S = 2.0
 """The longest a progress request, or the creation of a watch from now, waits for idle
@@ -411,16 +413,18 @@ class WatchStream:
             return
         start = cr.start_revision
         hub = self._hub
-        if (start <= 0 and isinstance(hub, ShardedWatchHub) and not self.broken_at_idlest_shard
-                and await self._close_through(self._b.latest_revision())):
-            # "From now", as one etcd: from the store's current revision (the idle
-            # shards were floored there), every shard from the revision the created
-            # answer names, so that the watch delivers exactly the changes above it.
-            # (Without a quorum: each shard from its own next revision, as before: a
-            # change between the idlest shard's revision and a busier shard's could not
-            # be delivered until the shards close again.)
+        if isinstance(hub, ShardedWatchHub) and not self.broken_at_idlest_shard:
+            # As one etcd, the created answer names the store's current revision: the
+            # idle shards are floored there first. A watch "from now" then starts every
+            # shard from the revision the created answer names, so that it delivers
+            # exactly the changes above it. (Without a quorum: the answer is what the
+            # shards have closed, and a watch from now starts each shard from its own
+            # next revision, as before: a change between the idlest shard's revision and
+            # a busier shard's could not be delivered until the shards close again.)
+            closed = await self._close_through(self._b.latest_revision())
             now = hub.progress()
-            start = now + 1
+            if start <= 0 and closed:
+                start = now + 1
         try:
             watcher = hub.watch(
                 key, end, start, cr.prev_kv, list(cr.filters), cr.progress_notify
@@ -462,20 +466,11 @@ class WatchStream:
 
     async def _close_through(self, revision: int) -> bool:
         """Over several shards: have every shard of this member closed at ``revision``
-        (``ShardedWatchHub.close_through``) before the round takes the hub's progress,
-        so that a progress request is answered at the store's current revision, as one
-        etcd answers it, and not at its idlest shard's (a client that read at R and waits
-        for a progress notification at or above R would wait for a write to every
-        shard). No quorum, or no answer within :data:`_PROGRESS_CLOSE_S`: the round goes
-        on with what the shards have closed (lower, never wrong), and this says False."""
-        hub = self._hub
-        if not isinstance(hub, ShardedWatchHub) or hub.progress() >= revision:
-            return True
-        try:
-            await asyncio.wait_for(hub.close_through(revision), _PROGRESS_CLOSE_S)
-        except (EtcdError, TimeoutError):
-            return False
-        return True
+        before the round takes the hub's progress (:func:`close_shards_through`), so that
+        a progress request is answered at the store's current revision, as one etcd
+        answers it, and not at its idlest shard's (a client that read at R and waits for a
+        progress notification at or above R would wait for a write to every shard)."""
+        return await close_shards_through(self._hub, revision)
 
     def _start_progress_round(self) -> None:
         rnd = _ProgressRound(self._hub.progress(), waiting=set(self._entries))
@@ -565,3 +560,33 @@ class WatchStream:
             size += ev_size
         out.append(self._events_response(wid, batch.revision, cur))
         return out
+
+
+async def close_shards_through(hub: WatchHub | ShardedWatchHub, revision: int) -> bool:
+    """Have every shard of this member closed at ``revision`` (a revision of the store,
+    e.g. the current one: ``ShardedWatchHub.close_through``), so that progress answered
+    next is that revision, as one etcd's is. Used before a progress answer, a watch's
+    created answer and the periodic progress notifications. One store (a plain hub), or
+    every shard current already: nothing to do. No quorum, or no answer within
+    :data:`_PROGRESS_CLOSE_S`: False, and what is answered next is what the shards have
+    closed (lower, never wrong)."""
+    if not isinstance(hub, ShardedWatchHub) or hub.progress() >= revision:
+        return True
+    try:
+        await asyncio.wait_for(hub.close_through(revision), _PROGRESS_CLOSE_S)
+    except (EtcdError, TimeoutError):
+        return False
+    return True
+
+
+async def notify_progress_now(backend: Backend) -> int:
+    """One round of etcd's periodic progress notifications (the server runs it every
+    ``--watch-progress-notify-interval``): every idle watcher created with
+    ``progress_notify`` is told the store's current revision, over several shards after
+    the idle ones were floored there (only while some watch is open: an idle cluster
+    writes nothing). The broken variant (``WatchStream.broken_at_idlest_shard``) tells
+    them the idlest shard's revision. Returns how many were told."""
+    hub = backend.watch_hub
+    if len(hub) and not WatchStream.broken_at_idlest_shard:
+        await close_shards_through(hub, backend.latest_revision())
+    return hub.notify_progress()
