@@ -11,13 +11,13 @@ etcd's ``hasleader`` metadata (a member cut off from the cluster ends the stream
 tracks a *safe revision*: every event at or below it has been received. That is the
 revision before the start, raised by each progress notification. Events above the safe
 revision are remembered by ``(key, mod_revision)`` until a progress notification passes
-them; the watch asks for one itself after every 128 such events or once a second while
-events flow, so that memory stays small. A server answers a progress request at the
-store's current revision, flooring the shards that had no writes first (so the progress
-of a range over several shards moves too); the watch still reads the range (count only)
-before it asks, which floors them on a server from before that, or while reads are not
-fenced. The stream is created with ``progress_notify`` so that the server answers
-for this watch's own shards. When the stream breaks — the member was killed, restarted,
+them; the watch asks for one itself after every :data:`PROGRESS_ASK_EVENTS` such events
+or once every :data:`PROGRESS_ASK_S` while events flow, so that memory stays small. A
+server answers a progress request at the store's current revision, flooring the shards
+that had no writes first (so the progress of a range over several shards moves too; on
+a server from before that, the answer stays at the idlest shard's revision and the
+memory is released once every shard of the range has written). The stream is created
+with ``progress_notify`` so that the server answers for this watch's own shards. When the stream breaks — the member was killed, restarted,
 lost its leader, the connection dropped, or the server cancelled a too-slow watcher —
 the watch opens a new stream on the next endpoint from the safe revision + 1 and drops
 the events it already delivered. Every member applies the same history, so none is
@@ -73,6 +73,13 @@ from accord.proto import kv_pb2, rpc_pb2, rpc_pb2_grpc
 
 _rpc: Any = rpc_pb2_grpc
 
+PROGRESS_ASK_EVENTS = 1024
+"""Events remembered (above the safe revision) after which the watch asks for progress:
+each ask costs the server a progress round over the watch's shards (and floors of the
+idle ones), about a millisecond of the cluster's CPU; 1,024 remembered events are
+~150 KB."""
+PROGRESS_ASK_S = 1.0
+"""Seconds after which the watch asks for progress while it remembers any event."""
 QUEUE_RESPONSES = 1024
 """Responses buffered ahead of the consumer; beyond it the stream is not read (gRPC's
 flow control then holds the server back)."""
@@ -383,14 +390,14 @@ class Watch:
         now = time.monotonic()
         if self._asking or not self._seen:
             return
-        if len(self._seen) < 128 and now - self._asked_at < 1.0:
+        if len(self._seen) < PROGRESS_ASK_EVENTS and now - self._asked_at < PROGRESS_ASK_S:
             return
         self._asking = True
         self._asked_at = now
-        try:
-            await self._floor(self._pool.channel(self.endpoint))
-        except grpc.aio.AioRpcError:
-            pass  # the progress request still helps; a broken stream shows up on read
+        # No read of the range first (as :meth:`request_progress` makes): the server
+        # floors the idle shards itself, and the read cost the cluster more than the
+        # request (a linearizable count over every shard of the range, once a second
+        # per watch; ``bench/README.md``).
         await self._send(self._call, rpc_pb2.WatchRequest(
             progress_request=rpc_pb2.WatchProgressRequest()))
 

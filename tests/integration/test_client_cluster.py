@@ -32,6 +32,7 @@ from accord.client import (
     WatchCompacted,
     WatchEvent,
 )
+from accord.client import watch as watch_module
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.services.scheduling.servicer import node_to_pb
 from accord.services.scheduling.topology import make_node
@@ -198,6 +199,36 @@ async def test_a_watch_over_many_shards_resumes_across_a_kill_9_without_gap_or_d
     assert len(set(delivered)) == len(delivered) and len(delivered) > 150
     for k in {r[1] for r in history}:
         assert [r for r in delivered if r[1] == k] == [r for r in history if r[1] == k]
+
+
+async def test_a_watch_over_many_shards_keeps_what_it_remembers_bounded_while_one_shard_writes(
+        client: AccordClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The events a watch remembers to drop repeats after a resume are released by its
+    own progress requests, without a read of the range before each (the idle shards of
+    the range close behind the delivered events: the server floors them to deliver in
+    revision order): while 600 writes land on one shard of a range over every shard,
+    the watch's safe revision follows the writes and its memory stays near
+    :data:`watch.PROGRESS_ASK_EVENTS` (without the requests it would keep all 600)."""
+    monkeypatch.setattr(watch_module, "PROGRESS_ASK_EVENTS", 32)
+    revs: list[int] = []
+    remembered: list[int] = []
+    async with client.watch("/mem/", prefix=True) as watch:
+        await watch.created()
+
+        async def consume() -> None:
+            async for ev in watch:
+                remembered.append(len(watch._seen))
+                if len(revs) == 600 and ev.revision == revs[-1]:
+                    return
+
+        reader = asyncio.create_task(consume())
+        for i in range(600):  # one partition: one shard of the eight
+            revs.append((await client.put(f"/mem/p/k{i % 50}", str(i))).revision)
+        async with asyncio.timeout(30):
+            await reader
+    assert len(remembered) == 600
+    assert max(remembered) <= 200, f"remembered up to {max(remembered)} events"
+    assert watch.progress_revision >= revs[400]
 
 
 async def test_a_compacted_start_revision_raises_watch_compacted(client: AccordClient) -> None:

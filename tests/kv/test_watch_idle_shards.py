@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import pytest
@@ -23,6 +24,7 @@ import pytest
 from accord.proto import rpc_pb2 as pb
 from accord.services.kv import sharding, watchstream
 from accord.services.kv.backend import Backend
+from accord.services.kv.codec import Kind, decode
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.shardwatch import MergedWatcher
 from accord.services.kv.watchstream import WatchStream
@@ -192,6 +194,52 @@ async def test_a_progress_request_needs_no_floor_when_every_shard_is_current() -
     answer = await progress_answer(b, pb.WatchCreateRequest(key=b"\x00", range_end=b"\x00"))
     assert answer == top
     assert [m.revision for m in b.machines] == before
+
+
+class CountedFloors(Shards):
+    """Counts the floor entries proposed per shard; each takes a few loop turns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.floor_entries = [0] * SHARDS
+
+    async def commit(self, command: bytes, shard: int = 0) -> Any:
+        if _is_floor(command):
+            self.floor_entries[shard] += 1
+            for _ in range(3):
+                await asyncio.sleep(0)
+        return await super().commit(command, shard)
+
+
+def _is_floor(command: bytes) -> bool:
+    try:
+        return decode(command).kind == Kind.FLOOR
+    except EtcdError:  # another format (a multi-shard Txn's, a stamped one)
+        return False
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["fixed", "broken"])
+async def test_progress_requests_of_many_streams_at_once_share_one_floor_per_idle_shard(
+        broken: bool) -> None:
+    """Twenty streams ask for progress at once while seven shards are idle: each idle
+    shard gets one floor entry, not one per stream (``floor`` shares a floor in flight);
+    every answer is still at or above the write. The broken variant (every floor its
+    own entries) proposes one per stream."""
+    b = CountedFloors()
+    b.broken_floors_unshared = broken
+    last = (await b.put(pb.PutRequest(key=key_on(0), value=b"v"))).header.revision
+    everything = pb.WatchCreateRequest(key=b"\x00", range_end=b"\x00")
+    b.floor_entries = [0] * SHARDS
+    created = await asyncio.gather(*(b.watch_hub.close_through(last) for _ in range(20)))
+    assert created == [None] * 20
+    if broken:
+        assert max(b.floor_entries) > 1, "the broken variant should propose one per caller"
+        return
+    assert b.floor_entries == [0] + [1] * (SHARDS - 1)
+    later = (await b.put(pb.PutRequest(key=key_on(0), value=b"w"))).header.revision
+    answers = await asyncio.gather(*(progress_answer(b, everything) for _ in range(20)))
+    assert min(answers) >= later
+    assert max(b.floor_entries) <= 3  # shared again (two more rounds at most: create, ask)
 
 
 class FailingFloors(Shards):

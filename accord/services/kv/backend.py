@@ -267,11 +267,16 @@ class StateMachineBackend(ABC):
         self._floor_want: dict[int, int] = {}
         """Per shard: the revision merged watchers wait for it to close (``_advance_watch``)."""
         self._floor_tasks: set[asyncio.Task[None]] = set()
+        self._floors_in_flight: dict[int, tuple[int, asyncio.Future[Any]]] = {}
+        """Per shard: the highest floor proposed and not yet applied, and its commit
+        (:meth:`floor` shares it with every caller that wants that revision or less)."""
         self.xcoord = Coordinator(self, self.sm.limits)
         """Multi-shard Txns, and the resolution of the intents they leave."""
         self.order = RevisionOrder(self.shards) if self.shards > 1 else None
         """Ordered stamps and commit-waits (``revorder.py``); None with one shard, whose
         revisions are etcd's own counter."""
+        self.broken_floors_unshared = False
+        """A variant for tests: every floor proposes its own entries (before sharing)."""
         self.broken_read_below_decided = False
         """A deliberately broken variant for tests: a multi-shard read that waited for a
         Txn decided above the revision it chose reads at that revision anyway (and misses
@@ -496,11 +501,32 @@ class StateMachineBackend(ABC):
                                          True)
 
     async def floor(self, shards: Sequence[int], revision: int) -> None:
-        """Raise every given shard that is behind ``revision`` to it, through its log."""
+        """Raise every given shard that is behind ``revision`` to it, through its log.
+
+        Floors wanted at once share their entries: a shard with a floor at ``revision``
+        or above in flight gets no other, its callers wait for that one (progress
+        requests of many watch streams, multi-shard reads and watch creations all floor
+        the member's idle shards at the store's current revision, so under load they
+        would otherwise propose one entry each per shard)."""
         behind = [s for s in shards if self.machines[s].revision < revision]
         if behind:
-            enc = self.sm.encode_floor(revision)
-            await self._each(behind, lambda s: self.commit(enc, s))
+            await self._each(behind, lambda s: self._floor_shard(s, revision))
+
+    async def _floor_shard(self, shard: int, revision: int) -> None:
+        flight = self._floors_in_flight.get(shard)
+        if flight is None or flight[0] < revision or self.broken_floors_unshared:
+            commit = asyncio.ensure_future(self.commit(self.sm.encode_floor(revision), shard))
+            commit.add_done_callback(_retrieve)
+            flight = (revision, commit)
+            self._floors_in_flight[shard] = flight
+
+            def landed(_: object, shard: int = shard, flight: tuple[int, Any] = flight) -> None:
+                if self._floors_in_flight.get(shard) is flight:
+                    del self._floors_in_flight[shard]
+
+            commit.add_done_callback(landed)
+        # Shielded: a caller that gives up (a bounded wait) leaves the entry to the others.
+        await asyncio.shield(flight[1])
 
     async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
         """Linearizable (or, with ``serializable``, local) range read."""
@@ -1040,3 +1066,10 @@ def _shard_of_keys(keys: list[bytes], shards: int) -> int | None:
     if len(touched) > 1:
         return None
     return next(iter(touched))
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    """Mark a shared floor's failure as seen when every caller gave up waiting for it
+    (asyncio would log it as never retrieved)."""
+    if not fut.cancelled():
+        fut.exception()
