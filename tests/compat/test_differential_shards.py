@@ -21,8 +21,9 @@ end of an example a last Put closes it, and the events each side delivered, grou
 revision, must be the same lists in the same order: every step's events at one revision,
 a multi-shard Txn's in its operation order (nested Txns in turn, a DeleteRange's keys in
 key order), exactly as etcd delivers them; then a progress request is answered at or
-above the revision of a Put outside the watched keys, as etcd's is at it. The seed of each run is printed by
-hypothesis on failure.
+above the revision of a Put outside the watched keys, as etcd's is at it, and so is the
+created answer of a watch from a revision of the example. The seed of each run is
+printed by hypothesis on failure.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class Events:
         self._requests: queue.Queue[pb.WatchRequest | None] = queue.Queue()
         self.got: queue.Queue[tuple[int, int, bytes, bytes]] = queue.Queue()
         self.progress_answers: queue.Queue[int] = queue.Queue()
+        self.created_answers: queue.Queue[tuple[int, int]] = queue.Queue()
+        """(watch id, header revision) of every watch created after the first."""
         self._requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
             key=b"/d", range_end=b"/e")))
         self._call = rpc_pb2_grpc.WatchStub(channel).Watch(iter(self._requests.get, None))
@@ -67,8 +70,11 @@ class Events:
     def _read(self) -> None:
         try:
             for resp in self._call:
-                for e in resp.events:
-                    self.got.put((e.kv.mod_revision, int(e.type), e.kv.key, e.kv.value))
+                if resp.watch_id == 0:  # the watch over every example's keys
+                    for e in resp.events:
+                        self.got.put((e.kv.mod_revision, int(e.type), e.kv.key, e.kv.value))
+                elif resp.created:
+                    self.created_answers.put((int(resp.watch_id), int(resp.header.revision)))
                 if resp.watch_id == -1 and not resp.created and not resp.events:
                     self.progress_answers.put(int(resp.header.revision))
         except grpc.RpcError:
@@ -78,6 +84,15 @@ class Events:
         """Ask the stream for progress; the revision it answers at."""
         self._requests.put(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
         return self.progress_answers.get(timeout=TIMEOUT)
+
+    def created_at(self, key: bytes, start_revision: int) -> int:
+        """Create a watch of ``key`` from ``start_revision`` on this stream; the revision
+        its created answer names (the watch is cancelled again)."""
+        self._requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
+            key=key, start_revision=start_revision)))
+        wid, revision = self.created_answers.get(timeout=TIMEOUT)
+        self._requests.put(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=wid)))
+        return revision
 
     def until(self, key: bytes, prefix: bytes) -> list[list[tuple[int, bytes, bytes]]]:
         """Every event under ``prefix`` up to the one of ``key`` (excluded), grouped by
@@ -274,6 +289,7 @@ def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, 
     sides.example += 1
     sides.ns = b"/d%05d/" % sides.example
     mods: dict[str, dict[bytes, int]] = {"etcd": {}, "accord": {}}
+    first = {side: sides.last[side] + 1 for side in sides.stubs}
     for step in program:
         _send(sides, step, mods)
     end = sides.ns + b"~end"
@@ -284,11 +300,21 @@ def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, 
                                      timeout=TIMEOUT).header.revision)
         events[side] = sides.watches[side].until(end, sides.ns)
     assert events["accord"] == events["etcd"], program
-    # A progress request is answered at the store's current revision: at or above a write
-    # the watch does not see (another prefix, so no event of it closes the watched
+    # A created answer and a progress request name the store's current revision: at or
+    # above a write the watch does not see (another prefix, so no event of it closes the watched
     # shards; on etcd exactly at it), though every other shard of accord was idle since.
     for side, stub in sides.stubs.items():
         written[side] = int(stub.Put(pb.PutRequest(key=b"/x" + sides.ns, value=b""),
                                      timeout=TIMEOUT).header.revision)
+    # The created answer of a watch from a revision of the example, on a key of its own
+    # (one shard of accord's, idle since) and on the example's keys:
+    for side, watch in sides.watches.items():
+        for key in (b"/y" + sides.ns, sides.ns):
+            created = watch.created_at(key, first[side])
+            if side == "etcd":
+                assert created == written[side]
+            else:
+                assert created >= written[side], (key, program)
+    # and then a progress request on the stream:
     assert sides.watches["etcd"].progress() == written["etcd"]
     assert sides.watches["accord"].progress() >= written["accord"], program
