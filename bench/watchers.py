@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.harness import Cluster, Harness, cpu_seconds, machine  # noqa: E402
+from bench.ab import cpu_of  # noqa: E402
+from bench.harness import Cluster, Harness, machine  # noqa: E402
 from bench.kv import ordered_endpoints, spec_for  # noqa: E402
 from bench.loadgen import LoadGen  # noqa: E402
 
@@ -73,10 +74,6 @@ async def watch_everything(count: int, endpoints: list[str]) -> None:
     print(json.dumps({"events": events}), flush=True)
     for t in tasks:
         t.cancel()
-
-
-def cpu_of(c: Cluster) -> float:
-    return sum(cpu_seconds(p) for p in c.pids)
 
 
 def main(argv: list[str] | None = None) -> int:
