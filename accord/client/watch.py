@@ -17,14 +17,15 @@ server answers a progress request at the store's current revision, flooring the 
 that had no writes first (so the progress of a range over several shards moves too; on
 a server from before that, the answer stays at the idlest shard's revision and the
 memory is released once every shard of the range has written). The stream is created
-with ``progress_notify`` so that the server answers for this watch's own shards. When the stream breaks — the member was killed, restarted,
-lost its leader, the connection dropped, or the server cancelled a too-slow watcher —
-the watch opens a new stream on the next endpoint from the safe revision + 1 and drops
-the events it already delivered. Every member applies the same history, so none is
-delivered twice and none is skipped. Tracking a safe revision rather than "the last
-event's revision" matters when a range spans shards: the server may then deliver a
-lagging shard's revision 11 after another shard's revision 100
-(``accord/services/kv/shardwatch.py``), and both must arrive.
+with ``progress_notify`` so that the server answers for this watch's own shards. When
+the stream breaks — the member was killed, restarted, lost its leader, the connection
+dropped, or the server cancelled a too-slow watcher — the watch opens a new stream on
+the next endpoint from the safe revision + 1 and drops the events it already
+delivered. Every member applies the same history, so none is delivered twice and none
+is skipped. Tracking a safe revision rather than "the last event's revision" matters
+when a range spans shards on a server from before the ordered merge
+(``accord/services/kv/shardwatch.py``): it could deliver a lagging shard's revision 11
+after another shard's revision 100, and both must arrive.
 
 The rule that makes a revision a point to start or resume from, over several shards:
 each shard numbers its own revisions, so a revision S is *closed* (no shard of the

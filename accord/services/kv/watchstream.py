@@ -58,9 +58,10 @@ from accord.services.kv.shardwatch import AnyWatcher, ShardedWatchHub
 from accord.services.kv.watchhub import WatchBatch, WatchHub
 
 _PROGRESS_CLOSE_S = 2.0
-"""The longest a progress request, or the creation of a watch from now, waits for idle
-shards to be floored at the store's current revision (``WatchStream._close_through``):
-a member cut off from the quorum answers after it, at what its shards have closed."""
+"""The longest a progress request, a watch's creation or a periodic progress notification
+waits for idle shards to be floored at the store's current revision
+(:func:`close_shards_through`): a member cut off from the quorum answers after it, at
+what its shards have closed."""
 _CONTROL_LIMIT = 256
 """Answers to requests queued per stream before the reader waits for the sender."""
 _LEADER_CHECK_S = 1.0
