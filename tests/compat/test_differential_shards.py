@@ -21,8 +21,8 @@ end of an example a last Put closes it, and the events each side delivered, grou
 revision, must be the same lists in the same order: every step's events at one revision,
 a multi-shard Txn's in its operation order (nested Txns in turn, a DeleteRange's keys in
 key order), exactly as etcd delivers them; then a progress request is answered at or
-above the revision of a Put outside the watched keys, as etcd's is at it, and so is the
-created answer of a watch from a revision of the example. The seed of each run is
+above the revision of a Put outside the watched keys, as etcd's is at it, and so are the
+created and cancel answers of a watch from a revision of the example. The seed of each run is
 printed by hypothesis on failure.
 """
 
@@ -61,6 +61,8 @@ class Events:
         self.progress_answers: queue.Queue[int] = queue.Queue()
         self.created_answers: queue.Queue[tuple[int, int]] = queue.Queue()
         """(watch id, header revision) of every watch created after the first."""
+        self.cancel_answers: queue.Queue[int] = queue.Queue()
+        """The header revision of every cancel answered."""
         self._requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
             key=b"/d", range_end=b"/e")))
         self._call = rpc_pb2_grpc.WatchStub(channel).Watch(iter(self._requests.get, None))
@@ -75,6 +77,8 @@ class Events:
                         self.got.put((e.kv.mod_revision, int(e.type), e.kv.key, e.kv.value))
                 elif resp.created:
                     self.created_answers.put((int(resp.watch_id), int(resp.header.revision)))
+                elif resp.canceled:
+                    self.cancel_answers.put(int(resp.header.revision))
                 if resp.watch_id == -1 and not resp.created and not resp.events:
                     self.progress_answers.put(int(resp.header.revision))
         except grpc.RpcError:
@@ -85,14 +89,17 @@ class Events:
         self._requests.put(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
         return self.progress_answers.get(timeout=TIMEOUT)
 
-    def created_at(self, key: bytes, start_revision: int) -> int:
-        """Create a watch of ``key`` from ``start_revision`` on this stream; the revision
-        its created answer names (the watch is cancelled again)."""
+    def create(self, key: bytes, start_revision: int) -> tuple[int, int]:
+        """Create a watch of ``key`` from ``start_revision`` on this stream: its id and the
+        revision its created answer names."""
         self._requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
             key=key, start_revision=start_revision)))
-        wid, revision = self.created_answers.get(timeout=TIMEOUT)
+        return self.created_answers.get(timeout=TIMEOUT)
+
+    def cancel(self, wid: int) -> int:
+        """Cancel watch ``wid``: the revision its cancel answer names."""
         self._requests.put(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=wid)))
-        return revision
+        return self.cancel_answers.get(timeout=TIMEOUT)
 
     def until(self, key: bytes, prefix: bytes) -> list[list[tuple[int, bytes, bytes]]]:
         """Every event under ``prefix`` up to the one of ``key`` (excluded), grouped by
@@ -307,14 +314,19 @@ def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, 
         written[side] = int(stub.Put(pb.PutRequest(key=b"/x" + sides.ns, value=b""),
                                      timeout=TIMEOUT).header.revision)
     # The created answer of a watch from a revision of the example, on a key of its own
-    # (one shard of accord's, idle since) and on the example's keys:
-    for side, watch in sides.watches.items():
-        for key in (b"/y" + sides.ns, sides.ns):
-            created = watch.created_at(key, first[side])
-            if side == "etcd":
-                assert created == written[side]
-            else:
-                assert created >= written[side], (key, program)
-    # and then a progress request on the stream:
+    # (one shard of accord's, idle since) and on the example's keys; then, after another
+    # write outside the watched keys, the cancel answers:
+    created = {side: [w.create(key, first[side]) for key in (b"/y" + sides.ns, sides.ns)]
+               for side, w in sides.watches.items()}
+    assert [rev for _wid, rev in created["etcd"]] == [written["etcd"]] * 2
+    assert min(rev for _wid, rev in created["accord"]) >= written["accord"], program
+    for side, stub in sides.stubs.items():
+        written[side] = int(stub.Put(pb.PutRequest(key=b"/z" + sides.ns, value=b""),
+                                     timeout=TIMEOUT).header.revision)
+    canceled = {side: [sides.watches[side].cancel(wid) for wid, _rev in created[side]]
+                for side in sides.watches}
+    assert canceled["etcd"] == [written["etcd"]] * 2
+    assert min(canceled["accord"]) >= written["accord"], program
+    # and a progress request on the stream:
     assert sides.watches["etcd"].progress() == written["etcd"]
     assert sides.watches["accord"].progress() >= written["accord"], program

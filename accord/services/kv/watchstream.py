@@ -30,7 +30,8 @@ etcd's behaviour kept here:
   the revision every ``created`` answer names, and a watch without a start revision
   delivers exactly the changes above it, as one etcd's. The server's periodic progress
   notifications (``progress_notify``) close the shards the same way first
-  (:func:`close_shards_through`).
+  (:func:`close_shards_through`). Cancel answers and refusals name the store's current
+  revision without closing anything (no event of theirs follows).
 * Cancelling an unknown id gets no reply.
 * Responses over ``max_response_bytes`` are split into fragments for watchers created
   with ``fragment``; all events of one revision otherwise travel in one response.
@@ -394,10 +395,11 @@ class WatchStream:
         now = self._hub.progress()
 
         async def refuse(reason: str) -> None:
-            # etcd: a watch that cannot be created answers created+canceled with id -1.
-            await self._emit_waiting(
-                self._response(-1, now, created=True, canceled=True, cancel_reason=reason)
-            )
+            # etcd: a watch that cannot be created answers created+canceled with id -1,
+            # at the store's current revision (no event follows: no shard need close it).
+            await self._emit_waiting(self._response(
+                -1, self._b.latest_revision(), created=True, canceled=True,
+                cancel_reason=reason))
 
         key = cr.key or b"\x00"  # etcd: an empty key means the smallest key
         end = cr.range_end
@@ -453,7 +455,8 @@ class WatchStream:
         self._ready.pop(wid, None)
         entry.watcher.close()
         self._progress_drop(wid)
-        await self._emit_waiting(self._response(wid, self._hub.progress(), canceled=True))
+        # At the store's current revision, as etcd's (no event of it follows).
+        await self._emit_waiting(self._response(wid, self._b.latest_revision(), canceled=True))
         self._progress_check()
 
     # --- progress -----------------------------------------------------------------------
