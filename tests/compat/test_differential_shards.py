@@ -1,6 +1,7 @@
 """Differential test over shards: random multi-key Txns, Puts, DeleteRanges and Ranges
-(limits, key order either way, keys or counts only, over any span of the keys) against a
-real etcd and a 3-member accord with ``--shards 8``, answers compared.
+(limits, key order either way, keys or counts only, over any span of the keys; and over
+every shard at a past revision: the one an earlier step of the example made on each
+side) against a real etcd and a 3-member accord with ``--shards 8``, answers compared.
 
 Every example's keys (``/dN/<name>``) are each a partition of their own, so a Txn over
 two or more of them spans shards, and a range (or a DeleteRange) over ``/dN/`` covers
@@ -131,6 +132,9 @@ class Sides:
         self.ns = b""
         self.last = {"etcd": 0, "accord": 0}
         """Each side's highest revision answered so far (the order check)."""
+        self.made: dict[str, list[int]] = {"etcd": [], "accord": []}
+        """Each side's revisions made by this example's steps, in order: the k-th of
+        etcd's and the k-th of accord's name the same state of the example's keys."""
 
     def key(self, name: bytes) -> bytes:
         return self.ns + name
@@ -176,7 +180,10 @@ range_st = st.tuples(st.just("range"), st.sampled_from([b"", *NAMES]),
                      st.sampled_from(["plain", "keys_only", "count_only"]))
 steps = st.one_of(txn_st, txn_st, st.tuples(st.just("put"), names, st.sampled_from(VALUES),
                                             st.booleans()),
-                  st.tuples(st.just("delrange"), st.booleans()), range_st)
+                  st.tuples(st.just("delrange"), st.booleans()), range_st,
+                  # a Range over every shard at a past revision: the state a step made
+                  st.tuples(st.just("rangeat"), st.integers(0, 3), st.sampled_from([b"", *NAMES]),
+                            st.integers(0, 3)))
 
 
 def _compare(s: Sides, side: str, c: tuple[Any, ...], mods: dict[str, dict[bytes, int]]
@@ -240,6 +247,12 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
         elif step[0] == "delrange":  # over every shard: one revision on accord
             req = pb.DeleteRangeRequest(key=s.ns, range_end=prefix_end(s.ns), prev_kv=step[1])
             call = stub.DeleteRange
+        elif step[0] == "rangeat":  # at the revision a step ``back`` steps ago made
+            _kind, back, start, limit = step
+            made = s.made[side]
+            req = pb.RangeRequest(key=s.key(start), range_end=prefix_end(s.ns), limit=limit,
+                                  revision=made[max(0, len(made) - 1 - back)] if made else 0)
+            call = stub.Range
         elif step[0] == "range":
             _kind, start, end, limit, order, only = step
             req = pb.RangeRequest(
@@ -269,6 +282,9 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
     e_rev, a_rev = int(e[1].header.revision), int(a[1].header.revision)
     if e_rev > s.last["etcd"] and s.last["etcd"]:
         assert a_rev > s.last["accord"], (step, s.last, e_rev, a_rev)
+    if e_rev > s.last["etcd"]:
+        s.made["etcd"].append(e_rev)
+        s.made["accord"].append(a_rev)
     s.last = {"etcd": max(s.last["etcd"], e_rev), "accord": max(s.last["accord"], a_rev)}
     if step[0] == "txn":
         # Every part's revision in the same place against the Txn's own as etcd's (R, or
@@ -295,6 +311,7 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
 def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, ...]]) -> None:
     sides.example += 1
     sides.ns = b"/d%05d/" % sides.example
+    sides.made = {"etcd": [], "accord": []}
     mods: dict[str, dict[bytes, int]] = {"etcd": {}, "accord": {}}
     first = {side: sides.last[side] + 1 for side in sides.stubs}
     for step in program:
