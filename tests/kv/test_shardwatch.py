@@ -456,6 +456,9 @@ class _Backend:
     def latest_revision(self) -> int:
         return self.watch_hub.progress()
 
+    async def settle(self, revision: int) -> None:
+        return None  # one clock: no commit-wait
+
 
 async def test_watch_stream_serves_a_merged_watcher() -> None:
     c = Cluster(3)

@@ -121,6 +121,10 @@ class Backend(Protocol):
         """The store's current revision as a read starting now sees it: at or above every
         write acknowledged before (what a progress request is answered at)."""
 
+    async def settle(self, revision: int) -> None:
+        """Before an answer at ``revision``: the revision order's commit-wait, after which
+        every write that starts lands above it (nothing to wait for on one shard)."""
+
     # --- KV -------------------------------------------------------------------------------
     async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
         """Read; linearizable unless ``req.serializable``."""

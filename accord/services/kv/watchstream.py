@@ -26,12 +26,12 @@ etcd's behaviour kept here:
   every watcher of the stream has delivered everything up to the revision at the time of
   the request: all later events on the stream have a higher revision. Over several
   shards that revision is the store's current one (every write acknowledged before the
-  request is at or below it): the member's idle shards are floored there first. So is
-  the revision every ``created`` answer names, and a watch without a start revision
-  delivers exactly the changes above it, as one etcd's. The server's periodic progress
-  notifications (``progress_notify``) close the shards the same way first
-  (:func:`close_shards_through`). Cancel answers and refusals name the store's current
-  revision without closing anything (no event of theirs follows).
+  request is at or below it): the member's idle shards are floored there first, as
+  they are before the server's periodic progress notifications (``progress_notify``;
+  :func:`close_shards_through`). ``created`` answers, cancel answers and refusals name
+  that revision too, without floors (none of them promises that events were delivered),
+  and a watch without a start revision delivers exactly the changes above the revision
+  its created answer names, as one etcd's.
 * Cancelling an unknown id gets no reply.
 * Responses over ``max_response_bytes`` are split into fragments for watchers created
   with ``fragment``; all events of one revision otherwise travel in one response.
@@ -59,10 +59,9 @@ from accord.services.kv.shardwatch import AnyWatcher, ShardedWatchHub
 from accord.services.kv.watchhub import WatchBatch, WatchHub
 
 _PROGRESS_CLOSE_S = 2.0
-"""The longest a progress request, a watch's creation or a periodic progress notification
-waits for idle shards to be floored at the store's current revision
-(:func:`close_shards_through`): a member cut off from the quorum answers after it, at
-what its shards have closed."""
+"""The longest a progress request or a periodic progress notification waits for idle
+shards to be floored at the store's current revision (:func:`close_shards_through`): a
+member cut off from the quorum answers after it, at what its shards have closed."""
 _CONTROL_LIMIT = 256
 """Answers to requests queued per stream before the reader waits for the sender."""
 _LEADER_CHECK_S = 1.0
@@ -396,7 +395,7 @@ class WatchStream:
 
         async def refuse(reason: str) -> None:
             # etcd: a watch that cannot be created answers created+canceled with id -1,
-            # at the store's current revision (no event follows: no shard need close it).
+            # at the store's current revision (no event follows it).
             await self._emit_waiting(self._response(
                 -1, self._b.latest_revision(), created=True, canceled=True,
                 cancel_reason=reason))
@@ -417,16 +416,20 @@ class WatchStream:
         start = cr.start_revision
         hub = self._hub
         if isinstance(hub, ShardedWatchHub) and not self.broken_at_idlest_shard:
-            # As one etcd, the created answer names the store's current revision: the
-            # idle shards are floored there first. A watch "from now" then starts every
-            # shard from the revision the created answer names, so that it delivers
-            # exactly the changes above it. (Without a quorum: the answer is what the
-            # shards have closed, and a watch from now starts each shard from its own
-            # next revision, as before: a change between the idlest shard's revision and
-            # a busier shard's could not be delivered until the shards close again.)
-            closed = await self._close_through(self._b.latest_revision())
-            now = hub.progress()
-            if start <= 0 and closed:
+            # As one etcd's, the created answer names the store's current revision: the
+            # revision a read starting now answers at (above every write acknowledged
+            # before, on any shard or worker), after its commit-wait (zero on one host,
+            # ``--max-clock-offset`` at most), so that every write started after the
+            # answer lands above it. A watch "from now" starts every shard just above
+            # it: it delivers exactly the changes above the revision it was told. No
+            # floor is needed for that: a write still in flight that lands at or below
+            # it was concurrent with the creation, and leaving it out is what one etcd
+            # may do too; every progress answer after it floors the idle shards first,
+            # so none names less. (Floored here, every watch created would wait a Raft
+            # round, the clock-derived revision moving on between two creations.)
+            now = self._b.latest_revision()
+            await self._b.settle(now)
+            if start <= 0:
                 start = now + 1
         try:
             watcher = hub.watch(
@@ -569,8 +572,8 @@ class WatchStream:
 async def close_shards_through(hub: WatchHub | ShardedWatchHub, revision: int) -> bool:
     """Have every shard of this member closed at ``revision`` (a revision of the store,
     e.g. the current one: ``ShardedWatchHub.close_through``), so that progress answered
-    next is that revision, as one etcd's is. Used before a progress answer, a watch's
-    created answer and the periodic progress notifications. One store (a plain hub), or
+    next is that revision, as one etcd's is. Used before a progress answer and the
+    periodic progress notifications. One store (a plain hub), or
     every shard current already: nothing to do. No quorum, or no answer within
     :data:`_PROGRESS_CLOSE_S`: False, and what is answered next is what the shards have
     closed (lower, never wrong)."""
