@@ -395,9 +395,9 @@ class WatchStream:
 
         async def refuse(reason: str) -> None:
             # etcd: a watch that cannot be created answers created+canceled with id -1,
-            # at the store's current revision (no event follows it).
+            # at the store's current revision (see ``_answer_revision``).
             await self._emit_waiting(self._response(
-                -1, self._b.latest_revision(), created=True, canceled=True,
+                -1, await self._answer_revision(), created=True, canceled=True,
                 cancel_reason=reason))
 
         key = cr.key or b"\x00"  # etcd: an empty key means the smallest key
@@ -427,8 +427,7 @@ class WatchStream:
             # may do too; every progress answer after it floors the idle shards first,
             # so none names less. (Floored here, every watch created would wait a Raft
             # round, the clock-derived revision moving on between two creations.)
-            now = self._b.latest_revision()
-            await self._b.settle(now)
+            now = await self._answer_revision()
             if start <= 0:
                 start = now + 1
         try:
@@ -459,8 +458,19 @@ class WatchStream:
         entry.watcher.close()
         self._progress_drop(wid)
         # At the store's current revision, as etcd's (no event of it follows).
-        await self._emit_waiting(self._response(wid, self._b.latest_revision(), canceled=True))
+        await self._emit_waiting(self._response(wid, await self._answer_revision(),
+                                                canceled=True))
         self._progress_check()
+
+    async def _answer_revision(self) -> int:
+        """The store's current revision for a created, cancel or refusal answer: the one a
+        read starting now answers at (above every write acknowledged before, on any shard
+        or worker), after the revision order's commit-wait (zero on one host, at most
+        ``--max-clock-offset``), so that every write started after the answer lands
+        above it, as after one etcd's answer."""
+        now = self._b.latest_revision()
+        await self._b.settle(now)
+        return now
 
     # --- progress -----------------------------------------------------------------------
     async def _request_progress(self) -> None:
