@@ -378,8 +378,16 @@ def test_agent_kill_9_requeues_onto_another_agent_and_a_restart_kills_leftovers(
         victim, other = (k1, k2) if first == "gpu-k1" else (k2, k1)
         orphan = victim.pid_of(jid)
         victim.kill()
-        wait_for(lambda: job(c, jid).starts == 2 and tasks(c, jid)[0].node == other.name,
-                 "the job to be requeued onto the other agent", 60)
+        try:
+            wait_for(lambda: job(c, jid).starts == 2 and tasks(c, jid)[0].node == other.name,
+                     "the job to be requeued onto the other agent", 60)
+        except AssertionError as e:  # say what the scheduler and the survivor saw
+            said = {n.name: [line for line in c.log(n).splitlines() if "scheduling" in line][-15:]
+                    for n in c.nodes}
+            raise AssertionError(
+                f"{e}; job: {job(c, jid)}; alive nodes: {sorted(alive_nodes(c))}; "
+                f"the members' scheduling lines: {said}; "
+                f"{other.name} said:\n{other.output()[-3000:]}") from None
         wait_for(lambda: "attempt 2" in cli(c, "jobs", "logs", jid, check=False),
                  "it to run on the other agent", 60)
         moved = job(c, jid)
