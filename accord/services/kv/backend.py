@@ -509,9 +509,9 @@ class StateMachineBackend(ABC):
 
         Floors wanted at once share their entries: a shard with a floor at ``revision``
         or above in flight gets no other, its callers wait for that one (progress
-        requests of many watch streams, multi-shard reads and watch creations all floor
-        the member's idle shards at the store's current revision, so under load they
-        would otherwise propose one entry each per shard)."""
+        requests of many watch streams and multi-shard reads all floor the member's idle
+        shards at the store's current revision, so under load they would otherwise
+        propose one entry each per shard)."""
         behind = [s for s in shards if self.machines[s].revision < revision]
         if behind:
             await self._each(behind, lambda s: self._floor_shard(s, revision))
