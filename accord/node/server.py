@@ -574,22 +574,29 @@ class Node:
         """Move leaderships toward the nodes their requests arrive at, else spread them
         evenly, one move at a time (see ``balance.py``)."""
         self.host.take_loads()
+        led = {gid for gid, g in self.host.groups.items() if g.core.leader_id == self.member_id}
         while True:
             await asyncio.sleep(self.config.leader_balance_interval / 1000)
             groups = self.host.groups
             gone = self.cluster.removed  # still voters until their groups drop them
+            loads = self.host.take_loads()
+            leaders = {gid: g.core.leader_id for gid, g in groups.items()}
+            led_now = {gid for gid, lead in leaders.items() if lead == self.member_id}
             moves = plan_moves(
                 self.member_id,
-                {gid: g.core.leader_id for gid, g in groups.items()},
+                leaders,
                 {gid: tuple(v for v in g.core.conf_state.voters if v not in gone)
                  for gid, g in groups.items()},
-                self.host.take_loads(),
+                loads,
                 min_requests=self.config.leader_follow_requests,
+                arrived=led_now - led,
             )
+            led = led_now
             for gid, target in moves:
                 if self.transport.connected(target):
-                    log.info("moving leadership of group %d to node %x", gid, target,
-                             extra={"group": gid})
+                    said = {f"{n:x}": c for n, c in loads.get(gid, {}).items()}
+                    log.info("moving leadership of group %d to node %x (requests by arrival "
+                             "node: %s)", gid, target, said, extra={"group": gid})
                     self.host.transfer_leader(gid, target)
                     self.metrics.leader_moves += 1
 

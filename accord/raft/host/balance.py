@@ -89,17 +89,26 @@ def plan_moves(
     loads: Mapping[int, Mapping[int, int]],
     *,
     min_requests: int,
+    arrived: Collection[int] = (),
 ) -> list[tuple[int, int]]:
     """This interval's leadership moves for node ``me``: every group whose requests come
     mostly from one other node goes there; failing that, one count-balancing move
-    (``plan_transfer``) among the groups no workload holds here."""
+    (``plan_transfer``) among the groups no workload holds here.
+
+    ``arrived`` are the groups ``me`` began leading during the interval: their load
+    covers only the part since, so neither rule moves them before a whole interval was
+    counted. Without that, a group that followed its workload here is moved on at once
+    by the count (its few requests here do not hold it) and comes straight back by
+    following: leadership goes back and forth every interval, and every move resets
+    what a group's leader does only once it has led for a while (the scheduling shard
+    declares no dead node before ``leader_grace``)."""
     moves = []
-    for group in sorted(g for g, lead in leaders.items() if lead == me):
+    for group in sorted(g for g, lead in leaders.items() if lead == me and g not in arrived):
         target = follow_target(me, loads.get(group, {}), voters[group], min_requests=min_requests)
         if target is not None:
             moves.append((group, target))
     if moves:
         return moves
     held = {g for g, load in loads.items() if held_by_workload(me, load, min_requests=min_requests)}
-    plan = plan_transfer(me, leaders, voters, keep=held)
+    plan = plan_transfer(me, leaders, voters, keep=held | set(arrived))
     return [] if plan is None else [plan]

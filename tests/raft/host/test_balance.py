@@ -117,3 +117,56 @@ def test_with_fixed_workloads_moves_settle_and_never_reverse(
     for g, client in client_of.items():
         if g in leaders:
             assert leaders[g] == client
+
+
+def _run_intervals(arrivals_counted: bool, intervals: int = 12) -> list[tuple[float, int, int]]:
+    """Members balancing on their own clocks, as on a cluster: each round is planned from
+    the requests its groups got *while this member led them* (what ``take_loads``
+    returns), and a move takes effect at once. Group 3's requests all arrive at member
+    1 (a client polling it, 40 per interval); member 1 leads two more groups than
+    member 2, all numbered above it. Returns the moves of group 3 as (time, from, to)."""
+    nodes = (1, 2, 3)
+    voters = {g: nodes for g in range(1, 9)}
+    leaders = {1: 3, 2: 2, 3: 2, 4: 1, 5: 1, 6: 1, 7: 1, 8: 3}
+    rate = {3: {1: 40.0}}  # requests per interval, by arrival member
+    offset = {2: 0.0, 1: 0.013, 3: 0.5}  # where in the interval each member plans
+    since: dict[tuple[int, int], float] = {}  # (member, group) -> led since
+    last_round = dict.fromkeys(nodes, -1.0)
+    led_before: dict[int, set[int]] = {n: set() for n in nodes}
+    for g, lead in leaders.items():
+        since[(lead, g)] = -1.0
+        led_before[lead].add(g)
+    moves = []
+    rounds = sorted((k + offset[n], n) for k in range(intervals) for n in nodes)
+    for now, me in rounds:
+        led_now = {g for g, lead in leaders.items() if lead == me}
+        loads = {}
+        for g in led_now:
+            start = max(last_round[me], since[(me, g)])
+            loads[g] = {src: int(r * (now - start)) for src, r in rate.get(g, {}).items()}
+        arrived = led_now - led_before[me] if arrivals_counted else set()
+        for g, target in plan_moves(me, leaders, voters, loads, min_requests=32,
+                                    arrived=arrived):
+            leaders[g] = target
+            since[(target, g)] = now
+            if g == 3:
+                moves.append((now, me, target))
+        last_round[me] = now
+        led_before[me] = {g for g, lead in leaders.items() if lead == me}
+    return moves
+
+
+def test_a_group_that_followed_its_workload_is_not_moved_on_by_the_count_at_once() -> None:
+    # It follows its requests to member 1 once and stays, although member 1 then leads
+    # more groups than member 2: the workload holds it once a whole interval is counted.
+    moves = _run_intervals(arrivals_counted=True)
+    assert [(a, b) for _, a, b in moves] == [(2, 1)]
+
+
+def test_without_arrivals_counted_leadership_goes_back_and_forth() -> None:
+    # The broken variant (what a cluster did before ``arrived``): member 1 plans 13 ms
+    # after the group came, sees almost none of its requests, and hands it back by
+    # count; member 2 sends it back by following; every interval, forever.
+    moves = _run_intervals(arrivals_counted=False)
+    assert len(moves) >= 10
+    assert {(a, b) for _, a, b in moves} == {(2, 1), (1, 2)}
