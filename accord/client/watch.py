@@ -49,10 +49,12 @@ oldest revision still available. A stream the server cancels for another reason 
 ``retry_budget_s`` raises :class:`~accord.client.errors.Unavailable`.
 
 Progress: ``await watch.request_progress()`` asks the server to confirm how far the
-watch is and returns that revision (every event at or below it has been delivered; on a
-sharded cluster it is the lowest revision every shard has passed, so it can be below the
-last event's); the server also sends such notifications by itself while the watch is
-idle (the stream is always created with etcd's ``progress_notify``). Both move
+watch is and returns that revision: every event at or below it has been delivered, and
+it is at or above every write acknowledged before the call (the store's current
+revision, as one etcd answers; the call reads the range first, so that a server from
+before the servers floored idle shards themselves answers no lower either). The server
+also sends such notifications by itself while the watch is idle (the stream is always
+created with etcd's ``progress_notify``). Both move
 :attr:`Watch.progress_revision` and call ``on_progress(revision)``. Filters (``filters=[EventType.DELETE]``) leave event types out.
 """
 

@@ -326,11 +326,12 @@ class ReplicatedBackend(StateMachineBackend):
         return await asyncio.to_thread(walk)
 
     async def _image(self) -> bytes:
-        """The store's image for etcd's Hash: shard 0's snapshot, or every shard's
-        (``KVStateMachine.prepare_hash``: without the revision counter a floor moves) in
-        one msgpack list."""
+        """The store's image for etcd's Hash (``KVStateMachine.prepare_hash``: without
+        the lease clock that checkpoints move and, over several shards, the revision
+        counter that a floor moves): the one shard's, or every shard's in one msgpack
+        list."""
         if self.shards == 1:
-            return await asyncio.to_thread(self.sm.prepare_snapshot())
+            return await asyncio.to_thread(self.sm.prepare_hash())
         captures = [m.prepare_hash() for m in self.machines]
 
         def serialize() -> bytes:

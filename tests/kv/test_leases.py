@@ -179,3 +179,25 @@ def test_lease_state_survives_snapshot() -> None:
     res = other.apply(SM.encode_lease_expire([lid], 11_000, 3))
     assert isinstance(res, ExpireResult) and res.revoked == [lid]
     assert get(other, b"x").count == 0
+
+
+def test_lease_checkpoints_of_a_quiet_store_leave_its_hash_alone() -> None:
+    """etcd's Hash of a store nothing writes stays the same. The leader's lease checkpoints
+    (every few seconds, in its term and the next) move only the replicated lease clock and
+    the deadlines in it: the Hash image leaves them out (etcd's covers a lease's id and
+    TTL), the snapshot keeps them (a restore needs them)."""
+    sm = SM()
+    put(sm, b"k")
+    lid = grant(sm, 60, now_ms=10_000, term=1).ID
+    hashed, snap = sm.prepare_hash()(), sm.prepare_snapshot()()
+    sm.apply(SM.encode_lease_checkpoint(15_000, term=1))
+    assert sm.prepare_hash()() == hashed
+    assert sm.prepare_snapshot()() != snap
+    sm.apply(SM.encode_lease_checkpoint(900, term=2))  # a new leader's unrelated clock
+    assert sm.prepare_hash()() == hashed
+    assert ttl_of(sm, lid, now_ms=900).TTL == 55
+    put(sm, b"k", b"changed")
+    assert sm.prepare_hash()() != hashed
+    changed = sm.prepare_hash()()
+    grant(sm, 30, now_ms=1_000, term=2)
+    assert sm.prepare_hash()() != changed

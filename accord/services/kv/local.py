@@ -433,8 +433,9 @@ class LocalBackend(StateMachineBackend):
             await self._write_snapshot()
 
     async def hash(self) -> int:
-        """CRC32C of the whole state image."""
-        return int(crc32c.crc32c(await self._image()))
+        """CRC32C of the whole state image (``KVStateMachine.prepare_hash``'s: without the
+        lease clock, which moves while nothing is written)."""
+        return int(crc32c.crc32c(await asyncio.to_thread(self.sm.prepare_hash())))
 
     async def move_leader(self, target_id: int) -> None:
         """Already the leader of a one-member cluster; any other target is unknown."""

@@ -953,16 +953,24 @@ class KVStateMachine:
         return self._capture(keep_revision=True)
 
     def prepare_hash(self) -> Callable[[], bytes]:
-        """:meth:`prepare_snapshot` for etcd's Hash: the same image, but on a shard of
-        several (striped) without the shard's revision counter, which a revision floor
-        moves (a fence after answered reads, a watch closing idle shards) while no key
-        changes; the records' own revisions, the compaction revision and everything else
-        are kept. So a quiet store's Hash stays the same, as one etcd's does."""
-        return self._capture(keep_revision=self.stripe[0] == 1)
+        """:meth:`prepare_snapshot` for etcd's Hash: the same image, but without the
+        lease table's replicated clock and the leases' deadlines in it, which the
+        leader's lease checkpoints (every few seconds) and a new leader's clock move
+        while no key and no lease changes (etcd's Hash covers a lease's id and TTL, not
+        its remaining time), and on a shard of several (striped) without the shard's
+        revision counter, which a revision floor moves (a fence after answered reads, a
+        watch closing idle shards). The records' own revisions, the compaction revision,
+        the leases' ids, TTLs and keys and everything else are kept. So a quiet store's
+        Hash stays the same, as one etcd's does."""
+        return self._capture(keep_revision=self.stripe[0] == 1, keep_clock=False)
 
-    def _capture(self, keep_revision: bool) -> Callable[[], bytes]:
+    def _capture(self, keep_revision: bool, keep_clock: bool = True) -> Callable[[], bytes]:
         store_image = self._store.freeze()
         lease_image = self._leases.dump()
+        if not keep_clock:  # LeaseTable.dump: clock_ms, clock_term, id_seed, seq, leases
+            _clock_ms, _clock_term, id_seed, seq, leases = lease_image
+            lease_image = [0, 0, id_seed, seq, [[lid, ttl, 0, keys]
+                                                for lid, ttl, _deadline, keys in leases]]
         x_image = self._x.dump() if self._x.intents or self._x.records else None
 
         def serialize() -> bytes:
