@@ -19,7 +19,11 @@ Workloads (``Spec.workload``):
 * ``stxn``: the same with each client's key in a partition of its own (one-shard Txns
   spread over the shards as ``txn2``'s are: its one-shard baseline at the same spread);
 * ``txn2``: the same over two keys of different partitions (on an 8-shard accord: two
-  shards), ``Txn(both mod_revisions == last) then Put both``;
+  shards), ``Txn(both mod_revisions == last) then Put both``; each client's two keys in
+  partitions of their own (spread over the shards, as ``stxn``'s);
+* ``htxn2``: ``txn2`` with every client's two keys in the same two partitions (``bench``
+  and another on a different shard of an 8-shard accord): the two-shard analog of
+  ``txn``'s layout, where every client's key shares one partition;
 * ``mixed``: 90% linearizable get, 10% put;
 * ``scan``: a linearizable Range over 16 keys of 16 partitions (on a sharded accord: a
   read of every shard, merged at one revision); ``wscan``: the same with one op in ten
@@ -61,7 +65,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-WORKLOADS = ("put", "sput", "get", "sget", "txn", "stxn", "txn2", "mixed", "scan", "wscan",
+WORKLOADS = ("put", "sput", "get", "sget", "txn", "stxn", "txn2", "htxn2", "mixed", "scan",
+             "wscan",
              "lock", "revoke", "watch",
              "lease", "load")
 RPC_TIMEOUT = 10.0

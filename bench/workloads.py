@@ -107,6 +107,15 @@ class _Token(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.StreamStreamClientIn
 
 
 
+def second_partition(first: str = "bench", shards: int = 8) -> str:
+    """A relative partition name that an accord of ``shards`` shards keeps on another
+    shard than ``first``'s (``sharding.partition_key``: a relative key's first segment)."""
+    i = 2
+    while shard_of(f"{first}{i}/".encode(), shards) == shard_of(f"{first}/".encode(), shards):
+        i += 1
+    return f"{first}{i}"
+
+
 def two_shard_keys(base: str, shards: int = 8) -> tuple[bytes, bytes]:
     """Two keys of different partitions that an accord of ``shards`` shards (the
     default 8) keeps on different shards."""
@@ -338,12 +347,20 @@ class Worker:
         over the shards as ``txn2``'s are, the one-shard baseline with the same spread."""
         return await self._w_txn(spec, spread=True)
 
-    async def _w_txn2(self, spec: Spec) -> Runner:
+    async def _w_htxn2(self, spec: Spec) -> Runner:
+        """``txn2`` with every client's two keys in the same two partitions, on two
+        shards: the two-shard Txn at ``txn``'s layout (one shared partition)."""
+        return await self._w_txn2(spec, hot=True)
+
+    async def _w_txn2(self, spec: Spec, hot: bool = False) -> Runner:
         value = random_value(spec.value_size)
         ops: list[Op] = []
+        other = second_partition()
         for gid, ep in self.clients(spec):
             kv = self.kv(ep)
-            pair = two_shard_keys(f"/bench-{spec.tag}-cas2/{gid}")
+            pair = ((f"bench/{spec.tag}/cas2/{gid}".encode(),
+                     f"{other}/{spec.tag}/cas2/{gid}".encode()) if hot
+                    else two_shard_keys(f"/bench-{spec.tag}-cas2/{gid}"))
             revs = []
             for key in pair:
                 r = await kv.Put(rpc_pb2.PutRequest(key=key, value=value), timeout=RPC_TIMEOUT)
