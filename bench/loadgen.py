@@ -66,9 +66,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 WORKLOADS = ("put", "sput", "get", "sget", "txn", "stxn", "txn2", "htxn2", "mixed", "scan",
-             "wscan",
-             "lock", "revoke", "watch",
-             "lease", "load")
+             "wscan", "lock", "revoke", "watch", "lease", "load")
 RPC_TIMEOUT = 10.0
 READ_KEYS = 1000
 
