@@ -595,8 +595,10 @@ class Node:
             for gid, target in moves:
                 if self.transport.connected(target):
                     said = {f"{n:x}": c for n, c in loads.get(gid, {}).items()}
-                    log.info("moving leadership of group %d to node %x (requests by arrival "
-                             "node: %s)", gid, target, said, extra={"group": gid})
+                    log.info("moving leadership of group %d to node %x (%s)", gid, target,
+                             f"this interval's requests by arrival node: {said}" if said
+                             else "no requests this interval: by count",
+                             extra={"group": gid})
                     self.host.transfer_leader(gid, target)
                     self.metrics.leader_moves += 1
 
