@@ -142,7 +142,7 @@ def run_with_nemesis(cluster: ProcCluster, keys: list[bytes]) -> None:
     # nemesis: kill -9 the leader, restart it, then pause the next leader and resume it
     time.sleep(1.5)
     victim = cluster.leader(timeout=10)
-    cluster.kill(victim)
+    cluster.kill(victim, keep_channel=True)  # the client threads still call through it
     time.sleep(2.0)
     cluster.start(victim)
     cluster.wait_serving(victim)
