@@ -168,15 +168,19 @@ class LeaseTable:
         return max(0, (self.deadline_ms(lease) - now_ms) // 1000)
 
     # --- persistence ---------------------------------------------------------------------
-    def dump(self) -> list[Any]:
-        """A msgpack-able, deterministic image."""
+    def dump(self, *, with_time: bool = True) -> list[Any]:
+        """A msgpack-able, deterministic image. ``with_time=False`` (etcd's Hash) puts 0
+        for the replicated clock and every deadline, which lease checkpoints and a new
+        leader's clock move while no lease changes (etcd hashes a lease's id and TTL,
+        not its remaining time); it is not an image to :meth:`load`."""
         return [
-            self.clock_ms,
-            self.clock_term,
+            self.clock_ms if with_time else 0,
+            self.clock_term if with_time else 0,
             self.id_seed,
             self.seq,
             [
-                [lid, lease.ttl, self.deadline_ms(lease), sorted(lease.keys)]
+                [lid, lease.ttl, self.deadline_ms(lease) if with_time else 0,
+                 sorted(lease.keys)]
                 for lid, lease in sorted(self.leases.items())
             ],
         ]

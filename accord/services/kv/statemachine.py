@@ -966,11 +966,7 @@ class KVStateMachine:
 
     def _capture(self, keep_revision: bool, keep_clock: bool = True) -> Callable[[], bytes]:
         store_image = self._store.freeze()
-        lease_image = self._leases.dump()
-        if not keep_clock:  # LeaseTable.dump: clock_ms, clock_term, id_seed, seq, leases
-            _clock_ms, _clock_term, id_seed, seq, leases = lease_image
-            lease_image = [0, 0, id_seed, seq, [[lid, ttl, 0, keys]
-                                                for lid, ttl, _deadline, keys in leases]]
+        lease_image = self._leases.dump(with_time=keep_clock)
         x_image = self._x.dump() if self._x.intents or self._x.records else None
 
         def serialize() -> bytes:
