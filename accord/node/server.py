@@ -540,10 +540,10 @@ class Node:
 
     async def _lease_loop(self) -> None:
         """On every member: resolve the stale intents of multi-shard Txns on the shards
-        it leads. While leading shard 0 (the leases' home): checkpoint lease clocks, expire
-        overdue leases (on every shard), and reap lease ids another shard kept after an
-        interrupted revocation (seen stray in two scans in a row, so a grant still on its
-        way is not taken for one)."""
+        it leads. While leading shard 0 (the leases' home): checkpoint lease clocks while
+        a lease exists, expire overdue leases (on every shard), and reap lease ids another
+        shard kept after an interrupted revocation (seen stray in two scans in a row, so a
+        grant still on its way is not taken for one)."""
         last_checkpoint_term = 0
         last_checkpoint = 0.0
         last_reap = 0.0
@@ -558,7 +558,12 @@ class Node:
                 continue
             now, term = self.backend.lease_clock()
             try:
-                if term != last_checkpoint_term or loop.time() - last_checkpoint > LEASE_CHECKPOINT_INTERVAL:
+                # A checkpoint records remaining TTLs: with no lease there is none to
+                # record (an idle cluster would log an entry every interval for nothing).
+                # The next grant carries the leader's clock and term itself.
+                if self.kv.leases.leases and (
+                        term != last_checkpoint_term
+                        or loop.time() - last_checkpoint > LEASE_CHECKPOINT_INTERVAL):
                     await self.backend.commit(self.kv.encode_lease_checkpoint(now, term))
                     last_checkpoint_term, last_checkpoint = term, loop.time()
                 await self.backend.expire_leases()
