@@ -107,12 +107,21 @@ class _Token(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.StreamStreamClientIn
 
 
 
+def _next_on_another_shard(name: Callable[[int], bytes], home: bytes, start: int,
+                           shards: int) -> int:
+    """The least ``i >= start`` whose ``name(i)`` an accord of ``shards`` shards keeps
+    on another shard than ``home``."""
+    i = start
+    while shard_of(name(i), shards) == shard_of(home, shards):
+        i += 1
+    return i
+
+
 def second_partition(first: str = "bench", shards: int = 8) -> str:
     """A relative partition name that an accord of ``shards`` shards keeps on another
     shard than ``first``'s (``sharding.partition_key``: a relative key's first segment)."""
-    i = 2
-    while shard_of(f"{first}{i}/".encode(), shards) == shard_of(f"{first}/".encode(), shards):
-        i += 1
+    i = _next_on_another_shard(lambda i: f"{first}{i}/".encode(), f"{first}/".encode(), 2,
+                               shards)
     return f"{first}{i}"
 
 
@@ -120,10 +129,9 @@ def two_shard_keys(base: str, shards: int = 8) -> tuple[bytes, bytes]:
     """Two keys of different partitions that an accord of ``shards`` shards (the
     default 8) keeps on different shards."""
     first = f"{base}-0".encode()
-    i = 1
-    while shard_of(f"{base}-{i}".encode(), shards) == shard_of(first, shards):
-        i += 1
+    i = _next_on_another_shard(lambda i: f"{base}-{i}".encode(), first, 1, shards)
     return first, f"{base}-{i}".encode()
+
 
 def cas_request(keys: Sequence[bytes], revs: Sequence[int], value: bytes) -> rpc_pb2.TxnRequest:
     """A compare-and-set over ``keys``: if each is at its revision in ``revs``, put
