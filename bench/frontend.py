@@ -14,7 +14,15 @@ over ``--reps`` rounds, alternating the order):
 * ``every-service-table``: the same services through accord's
   ``accord.node.grpc_server.generic_only`` (one method table, no registered methods);
 * ``table+interceptors``: the previous with accord's interceptor chain (metrics,
-  etcd metadata, auth with auth off), as ``build_server`` assembles it.
+  etcd metadata, auth with auth off), as ``build_server`` assembles it;
+* ``sync-kv``: the KV service alone on grpcio's *synchronous* server (a thread pool of
+  ``SYNC_THREADS`` threads answering from C-core's completion queue), to weigh that
+  engine against ``grpc.aio``;
+* ``sync-hop``: the same, each call handed to an asyncio (uvloop) event loop in its own
+  thread and awaited there (``run_coroutine_threadsafe``), as a node whose store lives
+  on one loop would have to serve through a synchronous front end;
+* ``sync-callback``: the leanest such hand-off: the loop is woken with
+  ``call_soon_threadsafe`` and answers through a ``concurrent.futures.Future`` (no task).
 
 Usage: ``python bench/frontend.py [--calls 6000] [--concurrency 64] [--reps 4]``. Prints a
 table (medians over rounds) and, as its last line, one JSON object.
@@ -38,11 +46,53 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("kv-only", "every-service", "every-service-table", "table+interceptors")
+VARIANTS = ("kv-only", "every-service", "every-service-table", "table+interceptors",
+            "sync-kv", "sync-hop", "sync-callback")
+SYNC_THREADS = 16
+"""Threads of the synchronous server's pool (grpcio's examples use 10)."""
+
+
+def _serve_sync(hop: str, port_q: Any, stop: Any) -> None:
+    """The ``sync-*`` server process: grpcio's thread-pool server, KV/Put only."""
+    import threading
+    from concurrent import futures
+
+    import grpc
+    import uvloop
+
+    from accord.proto import rpc_pb2, rpc_pb2_grpc
+
+    loop = uvloop.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def answer() -> Any:
+        return rpc_pb2.PutResponse()
+
+    class KV(rpc_pb2_grpc.KVServicer):
+        def Put(self, request: Any, context: Any) -> Any:
+            if hop == "hop":
+                return asyncio.run_coroutine_threadsafe(answer(), loop).result()
+            if hop == "callback":
+                done: futures.Future[Any] = futures.Future()
+                loop.call_soon_threadsafe(done.set_result, rpc_pb2.PutResponse())
+                return done.result()
+            return rpc_pb2.PutResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=SYNC_THREADS))
+    rpc_pb2_grpc.add_KVServicer_to_server(KV(), server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    port_q.put(port)
+    stop.wait()
+    server.stop(0)
+    loop.call_soon_threadsafe(loop.stop)
 
 
 def _serve(variant: str, port_q: Any, stop: Any) -> None:
     """The server process: one variant until ``stop`` is set."""
+    if variant.startswith("sync-"):
+        _serve_sync(variant[len("sync-"):], port_q, stop)
+        return
     import grpc
     import uvloop
 
@@ -161,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{runs[v][-1][1]:7.0f} calls/s", file=sys.stderr, flush=True)
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
-    print(f"\ngrpc.aio server CPU per KV/Put call, medians of {args.reps} rounds "
+    print(f"\ngRPC server CPU per KV/Put call, medians of {args.reps} rounds "
           f"({args.calls} calls, {args.concurrency} in flight; load {load})")
     print(f"{'variant':<22}{'cpu us/call':>12}{'calls/s':>10}   all rounds (us/call)")
     table = {}
