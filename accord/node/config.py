@@ -54,6 +54,7 @@ node keeps only the ids the meta group's member table lists once it receives it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -67,6 +68,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from accord.node.autocompact import Retention, parse_retention
 from accord.services.auth.tokens import parse_token_spec
 
 ENV_PREFIX = "ACCORD_"
@@ -169,6 +171,14 @@ class Config:
         600_000, "Milliseconds between progress notifications to idle watchers created with "
                  "progress_notify (etcd's --experimental-watch-progress-notify-interval, "
                  "10 minutes).")
+    auto_compaction_mode: str = _opt("periodic", "How --auto-compaction-retention is read, "
+                                                 "as etcd: 'periodic' (a time window) or "
+                                                 "'revision' (a number of revisions).")
+    auto_compaction_retention: str = _opt("0", "History automatically kept, as etcd: periodic "
+                                               "mode a duration ('1h', '30m') or a number of "
+                                               "hours; revision mode a number of revisions; "
+                                               "0: no automatic compaction "
+                                               "(accord/node/autocompact.py).")
     log_level: str = _opt("info", "Log level: debug, info, warn, error.")
     log_format: str = _opt("", "Log lines as 'json' (one object per line) or 'console' "
                                "(default: console on a terminal, json otherwise).")
@@ -445,7 +455,15 @@ class Config:
         if self.workers > self.shards:
             out.append(f"workers {self.workers}: needs at least as many shards (--shards is "
                        f"{self.shards})")
+        with contextlib.suppress(ValueError):  # a bad value is named by validate()
+            if self.retention().enabled:
+                out.append("auto-compaction-retention: not on a node of several workers yet "
+                           "(compact through the API, e.g. etcdctl compact)")
         return out
+
+    def retention(self) -> Retention:
+        """The automatic compaction asked for (``ValueError`` if it cannot be read)."""
+        return parse_retention(self.auto_compaction_mode, self.auto_compaction_retention)
 
     def validate(self) -> None:
         """Raise ``ConfigError`` listing every problem; returns quietly if all is well."""
@@ -521,6 +539,10 @@ class Config:
         if self.watch_progress_notify_interval < 100:
             p(f"watch-progress-notify-interval {self.watch_progress_notify_interval} ms: "
               "must be >= 100")
+        try:
+            self.retention()
+        except ValueError as e:
+            p(str(e))
         if self.snapshot_count < 1:
             p(f"snapshot-count {self.snapshot_count}: must be >= 1")
         if self.snapshot_log_percent < 0:

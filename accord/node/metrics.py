@@ -201,6 +201,8 @@ class NodeMetrics:
         """New leaders seen by this node's groups (etcd's ``leader_changes_seen``)."""
         self.leader_moves = 0
         """Leaderships this node's balancer handed to another member."""
+        self.auto_compactions = 0
+        """Compactions this node's automatic compactor made (``--auto-compaction-*``)."""
         self.health_success = 0
         self.health_failures = 0
         self.fsync = Buckets(FSYNC_BUCKETS)
@@ -409,6 +411,9 @@ class NodeCollector(Collector):
         yield top
         yield _counter("accord_raft_leader_moves_total",
                        "Leaderships this member's balancer handed to another member.", m.leader_moves)
+        yield _counter("accord_mvcc_auto_compactions_total",
+                       "Compactions this member's automatic compactor made "
+                       "(--auto-compaction-mode/-retention).", m.auto_compactions)
         yield _counter("accord_raft_fast_elections_total",
                        "Groups that campaigned early because the link to their leader was lost.",
                        host.fast_elections)

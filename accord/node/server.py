@@ -59,8 +59,9 @@ import msgpack
 
 from accord.locks.recipe import holder as lock_holder
 from accord.locks.store import BackendLockStore, LockStore
-from accord.node import logs, metacopy
+from accord.node import autocompact, logs, metacopy
 from accord.node.auth import auth_guard, auth_machine
+from accord.node.autocompact import PERIODIC, PeriodicCompactor, Retention, RevisionCompactor
 from accord.node.backend import KV_GROUP, ReplicatedBackend, kv_group
 from accord.node.config import Config, ConfigError, load_config
 from accord.node.forward import ForwardClient, ForwardedError, ForwardServer
@@ -98,7 +99,7 @@ from accord.services.kv.clockguard import (
     ClockUntrusted,
     failpoint_clock,
 )
-from accord.services.kv.errors import EtcdError
+from accord.services.kv.errors import MSG_COMPACTED, EtcdError
 from accord.services.kv.limits import Limits
 from accord.services.kv.revorder import ORDER_GATE, READ_FENCE_GATE
 from accord.services.kv.sharding import shards_of_range
@@ -365,6 +366,10 @@ class Node:
         ]
         if cfg.leader_balance_interval > 0:
             self._tasks.append(asyncio.create_task(self._balance_loop(), name="leader-balance"))
+        retention = cfg.retention()
+        if retention.enabled:
+            self._tasks.append(asyncio.create_task(self._compaction_loop(retention),
+                                                   name="auto-compaction"))
         self._tasks.append(self.scheduling.start())
         self._tasks.append(self.checkpoints.start())
 
@@ -574,6 +579,46 @@ class Node:
                     suspects = stray
             except EtcdError as e:
                 log.info("lease maintenance deferred: %s", e.message)
+
+    async def _compaction_loop(self, retention: Retention) -> None:
+        """etcd's automatic compaction (``autocompact.py``): every member samples the
+        store's revision, and the member leading shard 0 compacts, so a new leader goes
+        on from its own samples."""
+        loop = asyncio.get_running_loop()
+        every = range(self.shards)
+        periodic = revisional = None
+        if retention.mode == PERIODIC:
+            periodic = PeriodicCompactor(retention.seconds, loop.time())
+            step, what = periodic.sample_every, f"{retention.seconds:g} s of history kept"
+        else:
+            revisional = RevisionCompactor(retention.revisions, loop.time(),
+                                           autocompact.REVISION_CHECK_S)
+            step, what = revisional.interval, f"{retention.revisions} revisions kept"
+        while True:
+            await asyncio.sleep(step)
+            now = loop.time()
+            leads = self.host.group(KV_GROUP).core.role == Role.LEADER
+            if periodic is not None:
+                periodic.sample(now, self.backend.revision_state(every)[0])
+                at = periodic.due(now) if leads else None
+            else:
+                assert revisional is not None
+                at = revisional.due(now, self.backend.revision_writes_ago) if leads else None
+            if at is None:
+                continue
+            try:
+                await self.backend.compact(rpc_pb2.CompactionRequest(revision=at))
+                log.info("automatic compaction at revision %d (%s)", at, what)
+            except EtcdError as e:
+                if e.message != MSG_COMPACTED:  # etcd counts "compacted" as done
+                    log.info("automatic compaction at revision %d deferred: %s", at, e.message)
+                    continue
+            if periodic is not None:
+                periodic.done(now)
+            else:
+                assert revisional is not None
+                revisional.done(now, at)
+            self.metrics.auto_compactions += 1
 
     async def _balance_loop(self) -> None:
         """Move leaderships toward the nodes their requests arrive at, else spread them

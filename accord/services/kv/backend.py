@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
@@ -808,6 +809,20 @@ class StateMachineBackend(ABC):
         resp = rpc_pb2.CompactionResponse()
         resp.header.revision = await self.compact_shards(req, every)
         return resp
+
+    def revision_writes_ago(self, n: int) -> int:
+        """The revision ``n`` writes below the store's latest on this replica: etcd's
+        ``rev - n`` on one shard. Several shards' revisions are clock stamps, not a
+        counter: there it is the (n+1)-th highest revision any shard wrote at (a write on
+        several shards counted once), so a Compact there keeps the last ``n`` writes'
+        revisions readable. 0 when the history holds no more than ``n``. A replica that
+        lags answers lower (keeps more), never higher."""
+        if self.shards == 1:
+            return max(0, self.sm.revision - n)
+        written = {r for m in self.machines for r in m.recent_revisions(n + 1)}
+        if len(written) <= n:
+            return 0
+        return heapq.nlargest(n + 1, written)[-1]
 
     def revision_state(self, shards: Iterable[int]) -> tuple[int, int]:
         """``(highest revision, highest compaction)`` of ``shards`` on this replica: what

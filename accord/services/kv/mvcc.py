@@ -155,6 +155,11 @@ class MVCCStore:
         if rev > self.rev:
             self.rev = rev
 
+    def recent_revisions(self, n: int) -> list[int]:
+        """The ``n`` highest revisions at which something changed (fewer if the history
+        since the last compaction holds fewer), lowest first."""
+        return [] if n <= 0 else self._log_revs[-n:].tolist()
+
     # --- compaction -------------------------------------------------------------------
     def compact(self, rev: int) -> None:
         """Drop versions superseded at or before ``rev``; raises etcd's errors."""

@@ -118,6 +118,10 @@ class KVStateMachine:
         """Current revision (1 for an empty store, as etcd)."""
         return self._store.rev
 
+    def recent_revisions(self, n: int) -> list[int]:
+        """The ``n`` highest revisions this shard wrote at (``MVCCStore.recent_revisions``)."""
+        return self._store.recent_revisions(n)
+
     @property
     def compact_revision(self) -> int:
         """Revision of the last compaction (0 if never compacted)."""

@@ -1,0 +1,159 @@
+"""etcd's automatic compaction: ``--auto-compaction-mode`` and ``--auto-compaction-retention``.
+
+Pure decisions (no I/O, the caller's clock); the node runs them on every member and acts
+while it leads shard 0 (``Node._compaction_loop``). The two modes are etcd's:
+
+* **periodic** (``--auto-compaction-retention 1h``, or a bare number of hours as etcd
+  reads it: ``1`` is one hour, ``0.5`` half an hour): keep the history of the last
+  retention window. Every member samples the store's revision every tenth of the
+  compaction period; the period is the retention, or one hour when the retention is
+  longer. Each period the leader compacts at the newest sample taken at least a
+  retention ago, so every revision of the window stays readable. On a sharded store a
+  sample is the revision a linearizable read would answer at then (the clock's), so "the
+  revision of an hour ago" means the same on every layout.
+* **revision** (``--auto-compaction-retention 1000``): every 5 minutes, compact at the
+  latest revision minus the retention, keeping the last 1,000 revisions. On one shard that
+  is etcd's ``rev - 1000``. A sharded store's revisions are clock stamps, not a counter,
+  so "the last 1,000 revisions" are the 1,000 latest revisions any write took (a
+  multi-shard write counts once), read from this replica's histories
+  (``StateMachineBackend.revision_writes_ago``): a replica that lags keeps more, never less.
+
+A compaction that fails (no leader, a timeout) is tried again at the next check; one
+etcd answers "already compacted" counts as done, as etcd's compactor counts it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PERIODIC = "periodic"
+REVISION = "revision"
+MODES = (PERIODIC, REVISION)
+
+REVISION_CHECK_S = 300.0
+"""Seconds between two compactions in revision mode (etcd's 5 minutes)."""
+MAX_PERIOD_S = 3600.0
+"""The longest compaction period in periodic mode (etcd's hour)."""
+SAMPLES_PER_PERIOD = 10
+"""Revision samples per compaction period in periodic mode (etcd's tenth)."""
+
+_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """What to keep: a window of ``seconds`` (periodic) or ``revisions`` (revision);
+    zero in both: automatic compaction is off (etcd's default)."""
+
+    mode: str = PERIODIC
+    seconds: float = 0.0
+    revisions: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.seconds > 0 or self.revisions > 0
+
+
+def _duration_s(text: str) -> float:
+    """A Go duration (``1h30m``, ``90s``, ``1.5h``) in seconds; ``ValueError`` if not one."""
+    pos, total = 0, 0.0
+    for m in _PART.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"{text!r} is not a duration (use e.g. 1h, 30m, 90s or a number of hours)")
+    return total
+
+
+def parse_retention(mode: str, text: str) -> Retention:
+    """``--auto-compaction-retention`` read as etcd reads it for ``mode``; ``ValueError``
+    with the reason when it cannot be."""
+    text = text.strip()
+    if mode not in MODES:
+        raise ValueError(f"auto-compaction-mode {mode!r}: use periodic or revision")
+    if mode == REVISION:
+        if not text.isdigit():
+            raise ValueError(f"auto-compaction-retention {text!r}: revision mode takes a "
+                             "whole number of revisions (0: off)")
+        return Retention(REVISION, revisions=int(text))
+    try:
+        hours = float(text)
+    except ValueError:
+        try:
+            seconds = _duration_s(text)
+        except ValueError as e:
+            raise ValueError(f"auto-compaction-retention: {e}") from None
+    else:
+        if hours < 0 or hours != hours:
+            raise ValueError(f"auto-compaction-retention {text!r}: must be >= 0")
+        seconds = hours * 3600.0
+    return Retention(PERIODIC, seconds=seconds)
+
+
+class PeriodicCompactor:
+    """Periodic mode's decisions: feed it samples, ask it when and where to compact."""
+
+    def __init__(self, retention_s: float, start: float) -> None:
+        if retention_s <= 0:
+            raise ValueError("a periodic compactor needs a retention above 0")
+        self.retention = retention_s
+        self.period = min(retention_s, MAX_PERIOD_S)
+        """Seconds between two compactions."""
+        self.sample_every = self.period / SAMPLES_PER_PERIOD
+        """Seconds between two samples of the store's revision."""
+        self._samples: deque[tuple[float, int]] = deque()
+        self._last = start
+        """When the last compaction was done (or the compactor started)."""
+
+    def sample(self, now: float, revision: int) -> None:
+        """Record the store's revision at ``now``; forget samples no compaction needs."""
+        self._samples.append((now, revision))
+        cutoff = now - self.retention
+        # Keep the newest sample at or before the cutoff: it is the next compaction's.
+        while len(self._samples) > 1 and self._samples[1][0] <= cutoff:
+            self._samples.popleft()
+
+    def due(self, now: float) -> int | None:
+        """The revision to compact at now, or None: not a period since the last one, or
+        no sample a whole retention old yet."""
+        if now - self._last < self.period or not self._samples:
+            return None
+        at, revision = self._samples[0]
+        return revision if at <= now - self.retention else None
+
+    def done(self, now: float) -> None:
+        """The compaction ``due`` asked for is done (or was done already)."""
+        self._last = now
+
+
+class RevisionCompactor:
+    """Revision mode's decisions: every ``interval`` seconds, the revision ``retention``
+    writes back, unless it is where the last compaction already was."""
+
+    def __init__(self, retention: int, start: float, interval: float = REVISION_CHECK_S) -> None:
+        if retention <= 0:
+            raise ValueError("a revision compactor needs a retention above 0")
+        self.retention = retention
+        self.interval = interval
+        self._last = start
+        self._compacted = 0
+
+    def due(self, now: float, kept_from: Callable[[int], int]) -> int | None:
+        """Where to compact now: ``kept_from(retention)``, the revision ``retention``
+        writes below the latest (0: the history holds no more), asked only once an
+        interval has passed; None when it is not yet time or nothing would change."""
+        if now - self._last < self.interval:
+            return None
+        at = kept_from(self.retention)
+        return at if at > self._compacted else None
+
+    def done(self, now: float, revision: int) -> None:
+        """A compaction at ``revision`` is done (or was done already)."""
+        self._last = now
+        self._compacted = max(self._compacted, revision)
