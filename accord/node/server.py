@@ -613,6 +613,9 @@ class Node:
                 if e.message != MSG_COMPACTED:  # etcd counts "compacted" as done
                     log.info("automatic compaction at revision %d deferred: %s", at, e.message)
                     continue
+            except Exception:  # one failed attempt must not end automatic compaction
+                log.warning("automatic compaction at revision %d failed", at, exc_info=True)
+                continue
             if periodic is not None:
                 periodic.done(now)
             else:
