@@ -24,6 +24,7 @@ from accord.node.members import CATCH_UP_SLACK, META_GROUP, NotEnoughStartedMemb
 from accord.proto import rpc_pb2
 from accord.raft.core.types import Role
 from accord.raft.host.multiraft import GroupUnavailable
+from accord.services.auth.statemachine import AUTH_FORMAT
 from accord.services.cluster import snapfile
 from accord.services.cluster.members import ClusterStateMachine, MemberChangeError, MemberRecord
 from accord.services.kv import errors, xcommands
@@ -48,6 +49,16 @@ KV_GROUP = 2
 """Shard 0 of the key space."""
 KV_SHARD_GROUP_BASE = 100
 """Shard ``i >= 1`` is group ``KV_SHARD_GROUP_BASE + i`` (groups 3..99 are services')."""
+
+COMMAND_FORMAT = max(COMPACT_FORMAT, AUTH_FORMAT, XTXN_GATE, ORDER_GATE, XLEASE_GATE,
+                     XDECIDE_GATE, READ_FENCE_GATE)
+"""The newest command format this version applies, which each member advertises through
+the meta group (``Node._advertise``): every gate is open once every member advertised it."""
+FORMATS_WAIT_ELECTIONS = 2
+"""Election timeouts a starting member's first KV calls wait for every member's
+advertisement (``ReplicatedBackend.settle_formats``)."""
+FORMATS_POLL_S = 0.01
+"""How often that wait looks at the member table."""
 
 _UNAVAILABLE = {
     "no leader": errors.NO_LEADER,
@@ -128,6 +139,9 @@ class ReplicatedBackend(StateMachineBackend):
         self._home = KV_GROUP if self.local is None else kv_group(min(self.local))
         """The group whose Raft facts fill headers and Status: shard 0's, or a worker's
         first shard's where shard 0 is another worker's."""
+        self.formats_settled = False
+        self._formats_deadline = (asyncio.get_running_loop().time()
+                                  + FORMATS_WAIT_ELECTIONS * node.config.election_timeout / 1000)
 
     @property
     def _group(self) -> Any:
@@ -139,6 +153,18 @@ class ReplicatedBackend(StateMachineBackend):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"etcdserver: shard {shard} is not hosted by worker {self.worker} of this node "
                 f"(--workers): this call should have been sent to its owner")
+
+    async def settle_formats(self) -> None:
+        """Wait until every member advertised :data:`COMMAND_FORMAT`, for at most
+        :data:`FORMATS_WAIT_ELECTIONS` election timeouts after this backend was made
+        (a new cluster's members advertise within a meta-group round of its first
+        election); then, or once the time is up (a member down, or of an older version:
+        the gates stay closed as ``docs/operations.md`` says), never again."""
+        loop = asyncio.get_running_loop()
+        while (self.node.cluster.min_command_format() < COMMAND_FORMAT
+               and loop.time() < self._formats_deadline):
+            await asyncio.sleep(FORMATS_POLL_S)
+        self.formats_settled = True
 
     @property
     def compact_commands(self) -> bool:

@@ -176,8 +176,14 @@ def _aborting_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, mes
     return grpc.stream_stream_rpc_method_handler(streaming, **kwargs)
 
 
+_KEY_SPACE_SERVICES = ("/etcdserverpb.KV/", "/etcdserverpb.Lease/", "/etcdserverpb.Watch/",
+                       "/v3lockpb.Lock/", "/v3electionpb.Election/")
+"""Services whose answers depend on the command formats (``Backend.settle_formats``)."""
+
+
 class MetadataInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Honours etcd client metadata: ``hasleader`` and ``client-api-version``."""
+    """Honours etcd client metadata: ``hasleader`` and ``client-api-version``; a
+    starting member's first key-space calls wait for the command formats to settle."""
 
     def __init__(self, backend: Backend, versions: Counter[str]) -> None:
         self._backend = backend
@@ -203,6 +209,9 @@ class MetadataInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             self._versions[version] += 1
         if require_leader and self._backend.header_info().leader == 0:
             return _aborting_handler(handler, grpc.StatusCode.UNAVAILABLE, MSG_NO_LEADER)
+        if (not self._backend.formats_settled
+                and handler_call_details.method.startswith(_KEY_SPACE_SERVICES)):
+            await self._backend.settle_formats()  # a starting member's first calls
         return handler
 
 

@@ -62,7 +62,7 @@ from accord.locks.store import BackendLockStore, LockStore
 from accord.node import autocompact, logs, metacopy
 from accord.node.auth import auth_guard, auth_machine
 from accord.node.autocompact import PERIODIC, PeriodicCompactor, Retention, RevisionCompactor
-from accord.node.backend import KV_GROUP, ReplicatedBackend, kv_group
+from accord.node.backend import COMMAND_FORMAT, KV_GROUP, ReplicatedBackend, kv_group
 from accord.node.config import Config, ConfigError, load_config
 from accord.node.forward import ForwardClient, ForwardedError, ForwardServer
 from accord.node.grpc_server import ETCD_SERVICES, AccordGrpcServer, ServerOptions, build_server
@@ -88,7 +88,6 @@ from accord.raft.storage.wal import WriteAheadLog
 from accord.raft.transport.links import PeerTransport
 from accord.raft.transport.tls import PeerTLS
 from accord.services.auth.interceptor import AuthInterceptor
-from accord.services.auth.statemachine import AUTH_FORMAT
 from accord.services.checkpoints.replicated import CHECKPOINT_GROUP, CheckpointGroup
 from accord.services.checkpoints.service import lock_name
 from accord.services.checkpoints.servicer import add_checkpoints_service
@@ -101,11 +100,9 @@ from accord.services.kv.clockguard import (
 )
 from accord.services.kv.errors import MSG_COMPACTED, EtcdError
 from accord.services.kv.limits import Limits
-from accord.services.kv.revorder import ORDER_GATE, READ_FENCE_GATE
 from accord.services.kv.sharding import shards_of_range
-from accord.services.kv.statemachine import COMPACT_FORMAT, KVStateMachine
+from accord.services.kv.statemachine import KVStateMachine
 from accord.services.kv.watchstream import notify_progress_now
-from accord.services.kv.xcommands import XDECIDE_GATE, XLEASE_GATE, XTXN_GATE
 from accord.services.kv.xcoord import FAILPOINT_ENV
 from accord.services.scheduling.replicated import SCHEDULING_GROUP, SchedulerShard
 from accord.services.scheduling.servicer import add_scheduler_service
@@ -512,9 +509,7 @@ class Node:
         check()
         rose.clear()
         self.cluster.listeners.append(check)
-        cmd = ClusterStateMachine.encode_advertise(
-            self.member_id, max(COMPACT_FORMAT, AUTH_FORMAT, XTXN_GATE, ORDER_GATE,
-                                XLEASE_GATE, XDECIDE_GATE, READ_FENCE_GATE))
+        cmd = ClusterStateMachine.encode_advertise(self.member_id, COMMAND_FORMAT)
         while True:
             try:
                 await self.host.propose(META_GROUP, cmd, timeout=2.0)

@@ -126,6 +126,17 @@ class Backend(Protocol):
         """Before an answer at ``revision``: the revision order's commit-wait, after which
         every write that starts lands above it (nothing to wait for on one shard)."""
 
+    @property
+    def formats_settled(self) -> bool:
+        """Whether the command formats this member proposes are settled (see
+        :meth:`settle_formats`); checked before every KV call, so a plain attribute."""
+
+    async def settle_formats(self) -> None:
+        """At startup, before the first KV call is served: wait (bounded) until every
+        member advertised the command format this one applies, so that a new cluster's
+        first writes already take ordered revisions and its reads answer at the store's
+        revision, instead of the formats every older version applies."""
+
     # --- KV -------------------------------------------------------------------------------
     async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
         """Read; linearizable unless ``req.serializable``."""
@@ -597,6 +608,13 @@ class StateMachineBackend(ABC):
             for s in shards]
         await self.settle(rev)
         return fanout.merge_ranges(req, parts, rev, self.sm.limits)
+
+    formats_settled = True
+    """Nothing to settle in one process; a replicated backend settles at startup."""
+
+    async def settle_formats(self) -> None:
+        """Nothing to wait for in one process (every format is this one's)."""
+        return
 
     @property
     def compact_commands(self) -> bool:
