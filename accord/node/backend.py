@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -140,8 +141,7 @@ class ReplicatedBackend(StateMachineBackend):
         """The group whose Raft facts fill headers and Status: shard 0's, or a worker's
         first shard's where shard 0 is another worker's."""
         self.formats_settled = False
-        self._formats_deadline = (asyncio.get_running_loop().time()
-                                  + FORMATS_WAIT_ELECTIONS * node.config.election_timeout / 1000)
+        self._made = time.monotonic()
 
     @property
     def _group(self) -> Any:
@@ -160,10 +160,11 @@ class ReplicatedBackend(StateMachineBackend):
         (a new cluster's members advertise within a meta-group round of its first
         election); then, or once the time is up (a member down, or of an older version:
         the gates stay closed as ``docs/operations.md`` says), never again."""
-        loop = asyncio.get_running_loop()
-        while (self.node.cluster.min_command_format() < COMMAND_FORMAT
-               and loop.time() < self._formats_deadline):
-            await asyncio.sleep(FORMATS_POLL_S)
+        if self.node.cluster.min_command_format() < COMMAND_FORMAT:
+            wait = FORMATS_WAIT_ELECTIONS * self.node.config.election_timeout / 1000
+            while (self.node.cluster.min_command_format() < COMMAND_FORMAT
+                   and time.monotonic() < self._made + wait):
+                await asyncio.sleep(FORMATS_POLL_S)
         self.formats_settled = True
 
     @property
