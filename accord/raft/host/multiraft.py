@@ -91,6 +91,7 @@ from accord.raft.host.quiesce import (
     PeerLiveness,
     follower_can_quiesce,
     leader_can_quiesce,
+    quorum_reachable,
 )
 from accord.raft.host.reads import ReadRounds, fail_futures
 from accord.raft.host.waits import Waits
@@ -281,7 +282,8 @@ class MultiRaftHost:
 
     def _maybe_quiesce_leader(self, g: Group) -> None:
         core = g.core
-        if not leader_can_quiesce(core) or g.proposals or g.reads_pending or g.reads_issued:
+        if (not leader_can_quiesce(core) or g.proposals or g.reads_pending or g.reads_issued
+                or not quorum_reachable(core, self._unsure_peers)):
             g.idle_ticks = 0
             return
         g.idle_ticks += 1

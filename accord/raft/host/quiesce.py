@@ -12,12 +12,16 @@ group wakes it.
 What replaces the per-group heartbeats while quiet is one node-level ping per
 pair of nodes per tick (``PeerLiveness``, a Phi accrual detector per peer): when a
 peer's silence becomes suspicious, every quiesced group whose leader lives there wakes up,
-its election timer runs again, and a new leader is elected as usual.
+its election timer runs again, and a new leader is elected as usual. A leader quiesces
+only while a quorum of its voters is reachable (``quorum_reachable``): one cut off from
+them keeps ticking until CheckQuorum steps it down.
 
 The rules here are pure functions of a core's state; the host applies them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Set as AbstractSet
 
 from accord.membership.phi import HeartbeatMonitor
 from accord.raft.core.raft import RaftCore
@@ -35,6 +39,20 @@ def leader_can_quiesce(core: RaftCore) -> bool:
     if core.commit_index != last or core.applied_index != last or core.has_ready():
         return False
     return all(pr.match == last for pr in core.progress.values())
+
+
+def quorum_reachable(core: RaftCore, unreachable: AbstractSet[int]) -> bool:
+    """Whether the voters not in ``unreachable`` (peers gone silent or whose link was
+    lost, not heard from since) make a quorum of the group, in each half of a joint
+    configuration. A leader without one must keep ticking, so that CheckQuorum steps it
+    down if it is the one cut off: woken because its voters went silent, and quiesced
+    again three ticks later as "caught up", a leader cut off from every follower would
+    believe it leads for ever (its Status and its watches' ``hasleader`` would say so)."""
+    cs = core.conf_state
+    for voters in (cs.voters, cs.voters_outgoing):
+        if voters and 2 * sum(1 for v in voters if v not in unreachable) <= len(voters):
+            return False
+    return True
 
 
 def follower_can_quiesce(core: RaftCore, leader: int) -> bool:

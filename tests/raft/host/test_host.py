@@ -536,6 +536,53 @@ async def test_idle_groups_quiesce_and_wake_when_their_leader_dies(cluster: Clus
     assert await cluster.leader(2) != dead
 
 
+def cut_off(cluster: Cluster, nid: int) -> None:
+    """Drop every message, heartbeat and snapshot piece between ``nid`` and the others
+    (a partition: the links stay up, nothing gets through)."""
+    for n in cluster.nodes.values():
+        host = n.host
+        for name in ("deliver", "deliver_heartbeats", "receive_snapshot_chunk"):
+            real = getattr(host, name)
+
+            def dropping(frm: int, *rest: object, _real: Callable[..., object] = real,
+                         _me: int = n.id) -> object:
+                if nid in (frm, _me) and frm != _me:
+                    return None
+                return _real(frm, *rest)
+
+            setattr(host, name, dropping)
+
+
+async def _quiet_leader_cut_off(cluster: Cluster) -> tuple[int, bool]:
+    """A quiesced group's leader cut off from both followers: its id, and whether it
+    still believes it leads 3 s later (CheckQuorum needs 10 ticks of 20 ms)."""
+    for gid in GROUPS:
+        await cluster.leader(gid)
+        await cluster.put(1, gid, "k", "v")
+    await every_group_quiet(cluster)
+    lead = await cluster.leader(1)
+    cut_off(cluster, lead)
+    await asyncio.sleep(3.0)
+    return lead, cluster.nodes[lead].host.group(1).core.role == Role.LEADER
+
+
+async def test_a_quiet_leader_cut_off_from_its_followers_steps_down(cluster: Cluster) -> None:
+    lead, still = await _quiet_leader_cut_off(cluster)
+    assert not still, f"node {lead} still leads group 1 alone"
+    others = [nid for nid in cluster.nodes if nid != lead]
+    assert await cluster.leader(1) in others  # the majority elected one of its own
+
+
+async def test_the_broken_variant_that_quiesces_without_a_quorum_keeps_a_stale_leader(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import accord.raft.host.multiraft as multiraft
+
+    monkeypatch.setattr(multiraft, "quorum_reachable", lambda core, unreachable: True)
+    _lead, still = await _quiet_leader_cut_off(cluster)
+    assert still
+
+
 class LearnerCluster(Cluster):
     voters = (1, 2)
     learners = (3,)
