@@ -24,10 +24,11 @@ etcd answers "already compacted" counts as done, as etcd's compactor counts it.
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from accord.services.auth.tokens import parse_duration
 
 PERIODIC = "periodic"
 REVISION = "revision"
@@ -40,8 +41,6 @@ MAX_PERIOD_S = 3600.0
 SAMPLES_PER_PERIOD = 10
 """Revision samples per compaction period in periodic mode (etcd's tenth)."""
 
-_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,19 +55,6 @@ class Retention:
     @property
     def enabled(self) -> bool:
         return self.seconds > 0 or self.revisions > 0
-
-
-def _duration_s(text: str) -> float:
-    """A Go duration (``1h30m``, ``90s``, ``1.5h``) in seconds; ``ValueError`` if not one."""
-    pos, total = 0, 0.0
-    for m in _PART.finditer(text):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    if pos != len(text) or not text:
-        raise ValueError(f"{text!r} is not a duration (use e.g. 1h, 30m, 90s or a number of hours)")
-    return total
 
 
 def parse_retention(mode: str, text: str) -> Retention:
@@ -86,7 +72,7 @@ def parse_retention(mode: str, text: str) -> Retention:
         hours = float(text)
     except ValueError:
         try:
-            seconds = _duration_s(text)
+            seconds = parse_duration(text)
         except ValueError as e:
             raise ValueError(f"auto-compaction-retention: {e}") from None
     else:
