@@ -42,7 +42,6 @@ SAMPLES_PER_PERIOD = 10
 """Revision samples per compaction period in periodic mode (etcd's tenth)."""
 
 
-
 @dataclass(frozen=True, slots=True)
 class Retention:
     """What to keep: a window of ``seconds`` (periodic) or ``revisions`` (revision);
@@ -55,6 +54,12 @@ class Retention:
     @property
     def enabled(self) -> bool:
         return self.seconds > 0 or self.revisions > 0
+
+    def kept(self) -> str:
+        """What is kept, in words (for the log)."""
+        if self.mode == REVISION:
+            return f"the last {self.revisions} revisions kept"
+        return f"{self.seconds:g} s of history kept"
 
 
 def parse_retention(mode: str, text: str) -> Retention:
@@ -91,8 +96,8 @@ class PeriodicCompactor:
         self.retention = retention_s
         self.period = min(retention_s, MAX_PERIOD_S)
         """Seconds between two compactions."""
-        self.sample_every = self.period / SAMPLES_PER_PERIOD
-        """Seconds between two samples of the store's revision."""
+        self.step = self.sample_every = self.period / SAMPLES_PER_PERIOD
+        """Seconds between two samples of the store's revision (and two decisions)."""
         self._samples: deque[tuple[float, int]] = deque()
         self._last = start
         """When the last compaction was done (or the compactor started)."""
@@ -113,8 +118,15 @@ class PeriodicCompactor:
         at, revision = self._samples[0]
         return revision if at <= now - self.retention else None
 
-    def done(self, now: float) -> None:
-        """The compaction ``due`` asked for is done (or was done already)."""
+    def decide(self, now: float, leads: bool, revision: Callable[[], int],
+               writes_ago: Callable[[int], int]) -> int | None:
+        """One step: sample ``revision()`` (every member does, so a new leader has the
+        samples), then, on the leader, :meth:`due`."""
+        self.sample(now, revision())
+        return self.due(now) if leads else None
+
+    def done(self, now: float, revision: int) -> None:
+        """The compaction ``due`` asked for (at ``revision``) is done, or was already."""
         self._last = now
 
 
@@ -126,7 +138,8 @@ class RevisionCompactor:
         if retention <= 0:
             raise ValueError("a revision compactor needs a retention above 0")
         self.retention = retention
-        self.interval = interval
+        self.interval = self.step = interval
+        """Seconds between two decisions."""
         self._last = start
         self._compacted = 0
 
@@ -139,7 +152,19 @@ class RevisionCompactor:
         at = kept_from(self.retention)
         return at if at > self._compacted else None
 
+    def decide(self, now: float, leads: bool, revision: Callable[[], int],
+               writes_ago: Callable[[int], int]) -> int | None:
+        """One step: on the leader, :meth:`due` with ``writes_ago``."""
+        return self.due(now, writes_ago) if leads else None
+
     def done(self, now: float, revision: int) -> None:
         """A compaction at ``revision`` is done (or was done already)."""
         self._last = now
         self._compacted = max(self._compacted, revision)
+
+
+def compactor(retention: Retention, start: float) -> PeriodicCompactor | RevisionCompactor:
+    """The compactor of ``retention`` (enabled), started at ``start``."""
+    if retention.mode == REVISION:
+        return RevisionCompactor(retention.revisions, start, REVISION_CHECK_S)
+    return PeriodicCompactor(retention.seconds, start)

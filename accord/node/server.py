@@ -61,7 +61,7 @@ from accord.locks.recipe import holder as lock_holder
 from accord.locks.store import BackendLockStore, LockStore
 from accord.node import autocompact, logs, metacopy
 from accord.node.auth import auth_guard, auth_machine
-from accord.node.autocompact import PERIODIC, PeriodicCompactor, Retention, RevisionCompactor
+from accord.node.autocompact import Retention
 from accord.node.backend import COMMAND_FORMAT, KV_GROUP, ReplicatedBackend, kv_group
 from accord.node.config import Config, ConfigError, load_config
 from accord.node.forward import ForwardClient, ForwardedError, ForwardServer
@@ -581,29 +581,18 @@ class Node:
         on from its own samples."""
         loop = asyncio.get_running_loop()
         every = range(self.shards)
-        periodic = revisional = None
-        if retention.mode == PERIODIC:
-            periodic = PeriodicCompactor(retention.seconds, loop.time())
-            step, what = periodic.sample_every, f"{retention.seconds:g} s of history kept"
-        else:
-            revisional = RevisionCompactor(retention.revisions, loop.time(),
-                                           autocompact.REVISION_CHECK_S)
-            step, what = revisional.interval, f"{retention.revisions} revisions kept"
+        c = autocompact.compactor(retention, loop.time())
         while True:
-            await asyncio.sleep(step)
+            await asyncio.sleep(c.step)
             now = loop.time()
-            leads = self.host.group(KV_GROUP).core.role == Role.LEADER
-            if periodic is not None:
-                periodic.sample(now, self.backend.revision_state(every)[0])
-                at = periodic.due(now) if leads else None
-            else:
-                assert revisional is not None
-                at = revisional.due(now, self.backend.revision_writes_ago) if leads else None
+            at = c.decide(now, self.host.group(KV_GROUP).core.role == Role.LEADER,
+                          lambda: self.backend.revision_state(every)[0],
+                          self.backend.revision_writes_ago)
             if at is None:
                 continue
             try:
                 await self.backend.compact(rpc_pb2.CompactionRequest(revision=at))
-                log.info("automatic compaction at revision %d (%s)", at, what)
+                log.info("automatic compaction at revision %d (%s)", at, retention.kept())
             except EtcdError as e:
                 if e.message != MSG_COMPACTED:  # etcd counts "compacted" as done
                     log.info("automatic compaction at revision %d deferred: %s", at, e.message)
@@ -611,11 +600,7 @@ class Node:
             except Exception:  # one failed attempt must not end automatic compaction
                 log.warning("automatic compaction at revision %d failed", at, exc_info=True)
                 continue
-            if periodic is not None:
-                periodic.done(now)
-            else:
-                assert revisional is not None
-                revisional.done(now, at)
+            c.done(now, at)
             self.metrics.auto_compactions += 1
 
     async def _balance_loop(self) -> None:

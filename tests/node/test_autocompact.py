@@ -70,7 +70,7 @@ def test_periodic_compacts_each_period_at_the_newest_sample_a_whole_retention_ol
         samples.append((now, rev))
         at = pc.due(now)
         if at is not None:
-            pc.done(now)
+            pc.done(now, at)
             compactions.append((now, at))
     assert len(compactions) >= 8
     for when, at in compactions:
