@@ -43,10 +43,22 @@ def accord(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)
 
 
-def _all_keys(c: ProcCluster, revision: int = 0) -> list[Row]:
-    node = c.leader()
-    r = node.kv().Range(rpc_pb2.RangeRequest(key=b"\x00", range_end=b"\x00", revision=revision),
-                        timeout=10)
+def _all_keys(c: ProcCluster, revision: int = 0, patience: float = 40.0) -> list[Row]:
+    """Every key (at ``revision``), read through the shard-0 leader. UNAVAILABLE is
+    retried for ``patience`` seconds, as etcd's clientv3 retries a Range: a restored
+    cluster's first read meets groups still electing (each shard restarts from its
+    snapshot), and the tests here check what it restored, not how soon it serves."""
+    deadline = time.monotonic() + patience
+    while True:
+        node = c.leader()
+        try:
+            r = node.kv().Range(rpc_pb2.RangeRequest(key=b"\x00", range_end=b"\x00",
+                                                     revision=revision), timeout=10)
+            break
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     return [(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease)
             for kv in r.kvs]
 
