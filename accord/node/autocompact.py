@@ -1,7 +1,9 @@
 """etcd's automatic compaction: ``--auto-compaction-mode`` and ``--auto-compaction-retention``.
 
-Pure decisions (no I/O, the caller's clock); the node runs them on every member and acts
-while it leads shard 0 (``Node._compaction_loop``). The two modes are etcd's:
+Pure decisions (no I/O of their own: the caller's clock, and the caller's functions for
+the store's revisions, local or gathered over a node's workers); the node runs them on
+every member and acts while it leads shard 0 (``Node._compaction_loop``, in worker 0 on
+a node of several workers, which compacts every worker's shards). The two modes are etcd's:
 
 * **periodic** (``--auto-compaction-retention 1h``, or a bare number of hours as etcd
   reads it: ``1`` is one hour, ``0.5`` half an hour): keep the history of the last
@@ -25,7 +27,7 @@ etcd answers "already compacted" counts as done, as etcd's compactor counts it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from accord.services.auth.tokens import parse_duration
@@ -118,11 +120,11 @@ class PeriodicCompactor:
         at, revision = self._samples[0]
         return revision if at <= now - self.retention else None
 
-    def decide(self, now: float, leads: bool, revision: Callable[[], int],
-               writes_ago: Callable[[int], int]) -> int | None:
+    async def decide(self, now: float, leads: bool, revision: Callable[[], Awaitable[int]],
+                     writes_ago: Callable[[int], Awaitable[int]]) -> int | None:
         """One step: sample ``revision()`` (every member does, so a new leader has the
         samples), then, on the leader, :meth:`due`."""
-        self.sample(now, revision())
+        self.sample(now, await revision())
         return self.due(now) if leads else None
 
     def done(self, now: float, revision: int) -> None:
@@ -147,15 +149,27 @@ class RevisionCompactor:
         """Where to compact now: ``kept_from(retention)``, the revision ``retention``
         writes below the latest (0: the history holds no more), asked only once an
         interval has passed; None when it is not yet time or nothing would change."""
-        if now - self._last < self.interval:
+        if not self.time_to_look(now):
             return None
-        at = kept_from(self.retention)
-        return at if at > self._compacted else None
+        return self.pick(kept_from(self.retention))
 
-    def decide(self, now: float, leads: bool, revision: Callable[[], int],
-               writes_ago: Callable[[int], int]) -> int | None:
-        """One step: on the leader, :meth:`due` with ``writes_ago``."""
-        return self.due(now, writes_ago) if leads else None
+    def time_to_look(self, now: float) -> bool:
+        """Whether an interval has passed since the last compaction (or the start)."""
+        return now - self._last >= self.interval
+
+    def pick(self, kept_from: int) -> int | None:
+        """Where to compact, given the revision ``retention`` writes back: there, unless
+        the history is shorter (0) or the last compaction was there already."""
+        return kept_from if kept_from > self._compacted else None
+
+    async def decide(self, now: float, leads: bool, revision: Callable[[], Awaitable[int]],
+                     writes_ago: Callable[[int], Awaitable[int]]) -> int | None:
+        """One step: on the leader, once an interval has passed, :meth:`pick` from
+        ``writes_ago(retention)`` (asked no more often: over a node's workers it is a
+        round of calls)."""
+        if not leads or not self.time_to_look(now):
+            return None
+        return self.pick(await writes_ago(self.retention))
 
     def done(self, now: float, revision: int) -> None:
         """A compaction at ``revision`` is done (or was done already)."""

@@ -54,7 +54,6 @@ node keeps only the ids the meta group's member table lists once it receives it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -455,10 +454,6 @@ class Config:
         if self.workers > self.shards:
             out.append(f"workers {self.workers}: needs at least as many shards (--shards is "
                        f"{self.shards})")
-        with contextlib.suppress(ValueError):  # a bad value is named by validate()
-            if self.retention().enabled:
-                out.append("auto-compaction-retention: not on a node of several workers yet "
-                           "(compact through the API, e.g. etcdctl compact)")
         return out
 
     def retention(self) -> Retention:

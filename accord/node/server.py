@@ -50,7 +50,7 @@ import ssl
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -581,17 +581,35 @@ class Node:
         on from its own samples."""
         loop = asyncio.get_running_loop()
         every = range(self.shards)
+        backend, router = self.backend, self.router
+        revision: Callable[[], Awaitable[int]]
+        writes_ago: Callable[[int], Awaitable[int]]
+        compact: Callable[[rpc_pb2.CompactionRequest], Awaitable[object]]
+        if router is not None:  # worker 0 of several: every worker's shards
+            revision, writes_ago = router.store_revision, router.revision_writes_ago
+            compact = router.compact_across
+        else:
+            async def revision() -> int:
+                return backend.revision_state(every)[0]
+
+            async def writes_ago(n: int) -> int:
+                return backend.revision_writes_ago(n)
+
+            compact = backend.compact
         c = autocompact.compactor(retention, loop.time())
         while True:
             await asyncio.sleep(c.step)
             now = loop.time()
-            at = c.decide(now, self.host.group(KV_GROUP).core.role == Role.LEADER,
-                          lambda: self.backend.revision_state(every)[0],
-                          self.backend.revision_writes_ago)
+            try:
+                at = await c.decide(now, self.host.group(KV_GROUP).core.role == Role.LEADER,
+                                    revision, writes_ago)
+            except Exception as e:  # e.g. a worker that did not answer: asked next step
+                log.info("automatic compaction: the store's revisions not known now: %s", e)
+                continue
             if at is None:
                 continue
             try:
-                await self.backend.compact(rpc_pb2.CompactionRequest(revision=at))
+                await compact(rpc_pb2.CompactionRequest(revision=at))
                 log.info("automatic compaction at revision %d (%s)", at, retention.kept())
             except EtcdError as e:
                 if e.message != MSG_COMPACTED:  # etcd counts "compacted" as done

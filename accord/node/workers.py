@@ -86,7 +86,7 @@ from accord.node.workerwatch import WatchFeeds, WatchLinks
 from accord.proto import checkpoints_pb2, membership_pb2, rpc_pb2, scheduling_pb2
 from accord.raft.host.multiraft import GroupUnavailable
 from accord.services.kv import errors, fanout, sharding, xcommands, xresults, xtxn
-from accord.services.kv.backend import check_compaction, check_hash_revision
+from accord.services.kv.backend import check_compaction, check_hash_revision, nth_latest
 from accord.services.kv.codec import spreads_to_every_shard
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
@@ -113,6 +113,9 @@ REVISION_STATE = "/accord.worker/RevisionState"
 COMPACT_PARTS = "/accord.worker/CompactParts"
 """Internal: ``[CompactionRequest, shards]`` -> those shards compacted at its revision
 (each floored there first); the highest revision of their answers."""
+REVISIONS_WRITTEN = "/accord.worker/RevisionsWritten"
+"""Internal: ``[shards, n]`` -> the ``n`` highest revisions each of those shards wrote
+at, together (``StateMachineBackend.revisions_written``; automatic compaction)."""
 COMPACT = f"{KV}Compact"
 HASH_PARTS = "/accord.worker/HashParts"
 """Internal: ``[revision, shards]`` -> ``[[hash, compaction], ...]`` of those shards."""
@@ -278,6 +281,7 @@ class WorkerRouter:
         served[TXN_READS] = self._serve_txn_reads
         served[REVISION_STATE] = self._serve_revision_state
         served[COMPACT_PARTS] = self._serve_compact_parts
+        served[REVISIONS_WRITTEN] = self._serve_revisions_written
         served[HASH_PARTS] = self._serve_hash_parts
         served[HASH_CHAIN] = self._serve_hash_chain
         served[LEADERS] = self._serve_leaders
@@ -707,6 +711,36 @@ class WorkerRouter:
         resp = rpc_pb2.CompactionResponse()
         resp.header.revision = max(revs)
         return resp
+
+    async def store_revision(self) -> int:
+        """The store's revision over every worker's shards (what a linearizable read
+        would answer at now): automatic compaction's periodic sample."""
+        by_worker = self._by_worker(range(self.plan.shards))
+        states = await asyncio.gather(*(self._revision_state(w, s)
+                                        for w, s in by_worker.items()))
+        return max(t for t, _c in states)
+
+    async def revision_writes_ago(self, n: int) -> int:
+        """``StateMachineBackend.revision_writes_ago`` over every worker's shards: the
+        revision ``n`` writes below the store's latest (0: the history holds no more)."""
+        by_worker = self._by_worker(range(self.plan.shards))
+        parts = await asyncio.gather(*(self._revisions_written(w, s, n + 1)
+                                       for w, s in by_worker.items()))
+        return nth_latest(set().union(*parts), n)
+
+    async def _revisions_written(self, worker: int, shards: list[int], n: int) -> set[int]:
+        if worker == self.index:
+            for s in shards:
+                self.backend._check_local(s)
+            return self.backend.revisions_written(shards, n)
+        raw = msgpack.unpackb(await self.clients[worker].call(
+            REVISIONS_WRITTEN, msgpack.packb([shards, n]), DEFAULT_TIMEOUT_S))
+        return {int(r) for r in raw}
+
+    async def _serve_revisions_written(self, body: bytes) -> bytes:
+        shards, n = decode_fields(body, 2)
+        return bytes(msgpack.packb(sorted(await carried(
+            self._revisions_written(self.index, shards, int(n))))))
 
     async def _revision_state(self, worker: int, shards: list[int]) -> tuple[int, int]:
         if worker == self.index:

@@ -21,7 +21,7 @@ from accord.node.autocompact import (
     RevisionCompactor,
     parse_retention,
 )
-from accord.node.config import Config, ConfigError
+from accord.node.config import Config, ConfigError, load_config
 from accord.proto import rpc_pb2 as pb
 from accord.services.kv.errors import MSG_COMPACTED, EtcdError
 from accord.testing import cluster
@@ -52,8 +52,9 @@ def test_revision_retention_is_a_whole_number_and_bad_values_are_refused_by_name
     cfg = Config(auto_compaction_mode=REVISION, auto_compaction_retention="1h")
     with pytest.raises(ConfigError, match="auto-compaction-retention '1h'"):
         cfg.validate()
-    with pytest.raises(ConfigError, match="not on a node of several workers"):
-        Config(workers=2, auto_compaction_retention="1h").validate()
+    # a node of several workers takes it too: worker 0 compacts for the whole node
+    cfg = load_config(["--workers", "2", "--auto-compaction-retention", "1h"], {})
+    assert cfg.workers == 2 and cfg.retention() == Retention(PERIODIC, seconds=3600.0)
 
 
 def test_periodic_compacts_each_period_at_the_newest_sample_a_whole_retention_old() -> None:

@@ -26,6 +26,7 @@ from accord.raft.core.types import Role
 from accord.services.cluster import snapfile
 from accord.services.cluster.alarms import AlarmTable
 from accord.services.kv import fanout
+from accord.services.kv.backend import nth_latest
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.sharding import shard_of
 from accord.services.kv.statemachine import KVStateMachine
@@ -449,3 +450,34 @@ async def test_a_backup_through_either_worker_holds_both_workers_shards_at_one_c
         m.restore(snap.groups[gid])
         keys.update(kv.key for kv in m.range(EVERY).kvs)
     assert keys != set(revs)
+
+
+@pytest.mark.parametrize("n", [1, 3, 6])
+async def test_automatic_compaction_counts_the_writes_of_both_workers(
+        workers: list[Worker], n: int) -> None:
+    """Worker 0 runs a node's automatic compaction (``Node._compaction_loop``): revision
+    mode's "``n`` writes ago" is gathered from both workers (``RevisionsWritten``), a Txn
+    over both counted once, as one process counts it; periodic mode's sample is the
+    store's latest over both (``RevisionState``). What worker 0 alone holds gives another
+    answer: without the gather, compaction would keep the wrong history."""
+    written: list[int] = []
+    for key in [*keys_of(0, 3), *keys_of(1, 2)]:
+        owner = workers[PLAN.worker_of_shard(shard_of(key, SHARDS))].backend
+        written.append(int((await owner.put(pb.PutRequest(key=key, value=b"v"))).header.revision))
+    home, keys = record_worker_and_keys()
+    txn = await workers[home].backend.txn(pb.TxnRequest(success=[
+        pb.RequestOp(request_put=pb.PutRequest(key=k, value=b"t")) for k in keys]))
+    assert txn.succeeded
+    written.append(int(txn.header.revision))
+    for key in keys_of(1, 4)[2:]:  # the latest writes on worker 1's shards
+        written.append(int((await workers[1].backend.put(
+            pb.PutRequest(key=key, value=b"w"))).header.revision))
+    await settled(workers)
+    assert len(set(written)) == len(written) == 8
+    want = sorted(written)[-(n + 1)]
+    for w in workers:
+        assert await w.router.revision_writes_ago(n) == want
+        assert await w.router.revision_writes_ago(len(written)) == 0  # the whole history
+        assert await w.router.store_revision() >= max(written)
+    alone = workers[0].backend
+    assert nth_latest(alone.revisions_written(PLAN.shards_of(0), n + 1), n) != want

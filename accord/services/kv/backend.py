@@ -837,10 +837,13 @@ class StateMachineBackend(ABC):
         lags answers lower (keeps more), never higher."""
         if self.shards == 1:
             return max(0, self.sm.revision - n)
-        written = {r for m in self.machines for r in m.recent_revisions(n + 1)}
-        if len(written) <= n:
-            return 0
-        return heapq.nlargest(n + 1, written)[-1]
+        return nth_latest(self.revisions_written(range(self.shards), n + 1), n)
+
+    def revisions_written(self, shards: Iterable[int], n: int) -> set[int]:
+        """The ``n`` highest revisions each of ``shards`` wrote at on this replica, all
+        together (a write on several shards counted once): what
+        :func:`nth_latest` picks from, here or gathered over a node's workers."""
+        return {r for s in shards for r in self.machines[s].recent_revisions(n)}
 
     def revision_state(self, shards: Iterable[int]) -> tuple[int, int]:
         """``(highest revision, highest compaction)`` of ``shards`` on this replica: what
@@ -1049,6 +1052,15 @@ class StateMachineBackend(ABC):
     @abstractmethod
     def header_info(self) -> HeaderInfo:
         """Identity and Raft facts for headers."""
+
+
+def nth_latest(written: set[int], n: int) -> int:
+    """The revision ``n`` writes below the latest of ``written`` (its ``n+1``-th
+    highest): a Compact there keeps the last ``n`` writes' revisions readable. 0 when
+    ``written`` holds no more than ``n``."""
+    if len(written) <= n:
+        return 0
+    return heapq.nlargest(n + 1, written)[-1]
 
 
 def check_compaction(revision: int, top: int, compacted: int) -> None:
