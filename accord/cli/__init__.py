@@ -79,7 +79,7 @@ _COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "dev": (_dev, "run a real local cluster of accord nodes on 127.0.0.1"),
     "status": (_status, "show every member of a cluster: leader, term, indexes"),
     "kv": (_kv, "read and write keys: `accord kv get|put|del KEY [VALUE]`"),
-    "jobs": (_jobs, "GPU jobs: `accord jobs submit|ls|show|cancel|watch`"),
+    "jobs": (_jobs, "GPU jobs: `accord jobs submit|ls|show|cancel|hold|release|watch`"),
     "nodes": (_nodes, "members (SWIM): `accord nodes [watch]`; GPU nodes: "
                       "`accord nodes --gpus | ls|drain|undrain|register|agent`"),
     "snapshot": (_snapshot, "back up and restore: `accord snapshot save|status|restore`"),

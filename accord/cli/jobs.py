@@ -2,6 +2,7 @@
 
     accord jobs submit --tasks 2 --gpus 8 --selector 'vendor == nvidia' [--wait 30] [--] CMD ARGS...
     accord jobs ls [--status running] | show ID | cancel ID | watch [ID] [--since INDEX]
+    accord jobs hold ID | release ID    # Slurm's hold and release of a job
     accord jobs logs ID [--rank R] [--stderr] [--follow]   # a task's output, through its agent
     accord nodes ls | drain NAME | undrain NAME
     accord nodes register --from-json FILE      # a node spec (NodeSpec fields) as JSON
@@ -166,6 +167,14 @@ def _jobs(a: argparse.Namespace) -> int:
             c.scheduler.cancel(a.job_id)
             print(f"{a.job_id} cancelled")
             return 0
+        if a.op == "hold":
+            c.scheduler.hold(a.job_id)
+            print(f"{a.job_id} held")
+            return 0
+        if a.op == "release":
+            c.scheduler.release(a.job_id)
+            print(f"{a.job_id} released")
+            return 0
         return _watch(c, a)
 
 
@@ -246,10 +255,12 @@ def split_command(p: argparse.ArgumentParser, args: list[str]) -> tuple[list[str
 
 
 def jobs_main(argv: Sequence[str]) -> int:
-    """`accord jobs submit|ls|show|cancel|watch`."""
+    """`accord jobs submit|ls|show|cancel|hold|release|watch|logs`."""
     p = argparse.ArgumentParser(prog="accord jobs", description="submit and inspect GPU jobs")
-    p.add_argument("op", choices=["submit", "ls", "show", "cancel", "watch", "logs"])
-    p.add_argument("job_id", nargs="?", help="job id (show, cancel, watch, logs)")
+    p.add_argument("op", choices=["submit", "ls", "show", "cancel", "hold", "release", "watch",
+                                  "logs"])
+    p.add_argument("job_id", nargs="?",
+                   help="job id (show, cancel, hold, release, watch, logs)")
     _common(p)
     g = p.add_argument_group("submit")
     g.add_argument("--id", help="job id (default: the server picks one)")

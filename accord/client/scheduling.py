@@ -12,8 +12,8 @@
     ...
     await client.scheduler.job_finished(job_id)
 
-Every mutation (submit, cancel, job finished, drain, undrain, register, heartbeat)
-carries one request id, generated once per call and kept across its retries; the
+Every mutation (submit, cancel, hold, release, job finished, drain, undrain, register,
+heartbeat) carries one request id, generated once per call and kept across its retries; the
 scheduler applies a request id once, so these calls are retried like reads. Results
 are frozen dataclasses (:class:`Job`, :class:`TaskLaunch`, :class:`PlacementEvent`,
 :class:`Node`), not protobuf.
@@ -45,7 +45,7 @@ from accord.proto import scheduling_pb2_grpc
 
 _rpc: Any = scheduling_pb2_grpc
 
-JOB_STATES = ("pending", "running", "succeeded", "failed", "cancelled")
+JOB_STATES = ("pending", "running", "held", "succeeded", "failed", "cancelled")
 """What :attr:`Job.status` can be."""
 EVENT_KINDS = ("placed", "requeued", "preempted", "cancelled", "finished")
 """What :attr:`PlacementEvent.kind` can be."""
@@ -445,6 +445,19 @@ class SchedulerApi:
         """Cancel a pending or running job."""
         await self._unary("CancelJob", pb.CancelJobRequest(job_id=job_id,
                                                            request_id=request_id()), timeout)
+
+    async def hold(self, job_id: str, *, timeout: float | None = None) -> None:
+        """Keep a pending job out of the queue until :meth:`release` (Slurm's ``scontrol
+        hold``); a job that is not pending is refused (``FAILED_PRECONDITION``)."""
+        await self._unary("HoldJob", pb.HoldJobRequest(job_id=job_id,
+                                                       request_id=request_id()), timeout)
+
+    async def release(self, job_id: str, *, timeout: float | None = None) -> None:
+        """Put a held job back in the queue, its failures counted from zero (Slurm's
+        ``scontrol release``): held by :meth:`hold`, or after failing more often than
+        its ``max_restarts``. A job that is not held is refused (``FAILED_PRECONDITION``)."""
+        await self._unary("ReleaseJob", pb.ReleaseJobRequest(job_id=job_id,
+                                                             request_id=request_id()), timeout)
 
     async def job_finished(self, job_id: str, *, failed: bool = False,
                            timeout: float | None = None) -> None:

@@ -310,6 +310,14 @@ class SyncSchedulerApi:
         """See :meth:`SchedulerApi.cancel`."""
         self._loop.run(self._a.cancel(job_id, timeout=timeout))
 
+    def hold(self, job_id: str, *, timeout: float | None = None) -> None:
+        """See :meth:`SchedulerApi.hold`."""
+        self._loop.run(self._a.hold(job_id, timeout=timeout))
+
+    def release(self, job_id: str, *, timeout: float | None = None) -> None:
+        """See :meth:`SchedulerApi.release`."""
+        self._loop.run(self._a.release(job_id, timeout=timeout))
+
     def job_finished(self, job_id: str, *, failed: bool = False,
                      timeout: float | None = None) -> None:
         """See :meth:`SchedulerApi.job_finished`."""

@@ -269,6 +269,30 @@ class CancelJobResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class HoldJobRequest(_message.Message):
+    __slots__ = ("job_id", "request_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    request_id: str
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class HoldJobResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReleaseJobRequest(_message.Message):
+    __slots__ = ("job_id", "request_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    request_id: str
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseJobResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class JobFinishedRequest(_message.Message):
     __slots__ = ("job_id", "failed", "request_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

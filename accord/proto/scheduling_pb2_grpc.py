@@ -54,6 +54,16 @@ class SchedulerStub:
                 request_serializer=accord_dot_proto_dot_scheduling__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=accord_dot_proto_dot_scheduling__pb2.CancelJobResponse.FromString,
                 _registered_method=True)
+        self.HoldJob = channel.unary_unary(
+                '/accord.scheduling.v1.Scheduler/HoldJob',
+                request_serializer=accord_dot_proto_dot_scheduling__pb2.HoldJobRequest.SerializeToString,
+                response_deserializer=accord_dot_proto_dot_scheduling__pb2.HoldJobResponse.FromString,
+                _registered_method=True)
+        self.ReleaseJob = channel.unary_unary(
+                '/accord.scheduling.v1.Scheduler/ReleaseJob',
+                request_serializer=accord_dot_proto_dot_scheduling__pb2.ReleaseJobRequest.SerializeToString,
+                response_deserializer=accord_dot_proto_dot_scheduling__pb2.ReleaseJobResponse.FromString,
+                _registered_method=True)
         self.JobFinished = channel.unary_unary(
                 '/accord.scheduling.v1.Scheduler/JobFinished',
                 request_serializer=accord_dot_proto_dot_scheduling__pb2.JobFinishedRequest.SerializeToString,
@@ -125,6 +135,21 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HoldJob(self, request, context):
+        """Slurm's hold and release: a pending job held stays out of the queue; a held job
+        (held so, or after failing more often than its max_restarts) released goes back
+        to it with its failure count reset.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -210,6 +235,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.CancelJob,
                     request_deserializer=accord_dot_proto_dot_scheduling__pb2.CancelJobRequest.FromString,
                     response_serializer=accord_dot_proto_dot_scheduling__pb2.CancelJobResponse.SerializeToString,
+            ),
+            'HoldJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.HoldJob,
+                    request_deserializer=accord_dot_proto_dot_scheduling__pb2.HoldJobRequest.FromString,
+                    response_serializer=accord_dot_proto_dot_scheduling__pb2.HoldJobResponse.SerializeToString,
+            ),
+            'ReleaseJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseJob,
+                    request_deserializer=accord_dot_proto_dot_scheduling__pb2.ReleaseJobRequest.FromString,
+                    response_serializer=accord_dot_proto_dot_scheduling__pb2.ReleaseJobResponse.SerializeToString,
             ),
             'JobFinished': grpc.unary_unary_rpc_method_handler(
                     servicer.JobFinished,
@@ -365,6 +400,60 @@ class Scheduler:
             '/accord.scheduling.v1.Scheduler/CancelJob',
             accord_dot_proto_dot_scheduling__pb2.CancelJobRequest.SerializeToString,
             accord_dot_proto_dot_scheduling__pb2.CancelJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accord.scheduling.v1.Scheduler/HoldJob',
+            accord_dot_proto_dot_scheduling__pb2.HoldJobRequest.SerializeToString,
+            accord_dot_proto_dot_scheduling__pb2.HoldJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/accord.scheduling.v1.Scheduler/ReleaseJob',
+            accord_dot_proto_dot_scheduling__pb2.ReleaseJobRequest.SerializeToString,
+            accord_dot_proto_dot_scheduling__pb2.ReleaseJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

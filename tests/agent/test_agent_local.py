@@ -96,6 +96,23 @@ async def test_tasks_run_report_and_succeed_or_fail(server: tuple[str, Scheduler
         await until(lambda: shard.sm.jobs["flaky"].status == "held", "flaky to be held")
         r = shard.sm.jobs["flaky"]
         assert (r.starts, r.failures, r.requeues) == (3, 3, 2)
+        # Held, fixed, released (Slurm's scontrol release): a job that needs a file
+        # fails until an operator creates it, then runs again and succeeds.
+        fix = tmp_path / "dataset.ready"
+        await submit(ep, pb.JobSpec(
+            id="needs-fix", tasks=1, devices_per_task=0, cpu_milli=1000, max_restarts=1,
+            command=[PY, "-c", f"import os, sys; sys.exit(0 if os.path.exists({str(fix)!r}) "
+                               "else 4)"]))
+        await until(lambda: shard.sm.jobs["needs-fix"].status == "held", "needs-fix to be held")
+        fix.touch()
+        async with grpc.aio.insecure_channel(ep) as ch:
+            stub: Any = scheduling_pb2_grpc.SchedulerStub(ch)  # type: ignore[no-untyped-call]
+            await stub.ReleaseJob(pb.ReleaseJobRequest(job_id="needs-fix"), timeout=10)
+        await until(lambda: shard.sm.jobs["needs-fix"].status == "succeeded",
+                    "needs-fix to succeed once released")
+        fixed = shard.sm.jobs["needs-fix"]
+        assert (fixed.starts, fixed.failures) == (3, 0)
+        assert [(t.state, t.exit_code) for t in fixed.tasks] == [("exited", 0)]
     finally:
         await agent.stop()
 

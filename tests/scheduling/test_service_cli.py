@@ -67,8 +67,31 @@ async def test_jobs_and_nodes_commands(endpoint: tuple[str, SchedulerShard], tmp
     assert "drained" in out and "gpu-a" in out and "t1" in out
     code, out, _ = await run(capsys, "nodes", "undrain", "amd-1", "--endpoints", ep)
     assert code == 0
+    # Slurm's hold and release: t2 waits for t1's devices, held it is passed over
+    code, out, _ = await run(capsys, "jobs", "submit", "--id", "t2", "--gpus", "4",
+                             "--selector", "vendor == nvidia", "--endpoints", ep)
+    assert code == 0, out
+    code, out, _ = await run(capsys, "jobs", "hold", "t2", "--endpoints", ep)
+    assert code == 0 and "t2 held" in out
+    code, out, _ = await run(capsys, "jobs", "ls", "--status", "held", "--endpoints", ep)
+    assert code == 0 and "t2" in out and "t1" not in out
     code, out, _ = await run(capsys, "jobs", "cancel", "t1", "--endpoints", ep)
     assert code == 0 and shard.sm.jobs["t1"].status == "cancelled"
+    await asyncio.sleep(0.3)  # six scheduling cycles with gpu-a idle
+    assert shard.sm.jobs["t2"].status == "held"
+    code, out, _ = await run(capsys, "jobs", "release", "t2", "--endpoints", ep)
+    assert code == 0 and "t2 released" in out
+    for _ in range(100):  # bounded: placed by the next cycles
+        if shard.sm.jobs["t2"].status == "running":
+            break
+        await asyncio.sleep(0.05)
+    assert shard.sm.jobs["t2"].status == "running"
+    code, _, err = await run(capsys, "jobs", "release", "t2", "--endpoints", ep)
+    assert code == 1 and "FAILED_PRECONDITION" in err and "only a held job" in err
+    code, _, err = await run(capsys, "jobs", "ls", "--status", "hold", "--endpoints", ep)
+    assert code != 0 and "status must be one of" in err
+    code, out, _ = await run(capsys, "jobs", "cancel", "t2", "--endpoints", ep)
+    assert code == 0
     applied = shard.leader_info()[3]
     code, out, _ = await run(capsys, "nodes", "agent", "--fake", "gpu-x", "--interval", "0.05",
                              "--count", "3", "--endpoints", ep)

@@ -134,6 +134,19 @@ async def test_bad_requests_get_clear_codes_and_change_nothing(env: Env) -> None
     await s.SubmitJob(pb.SubmitJobRequest(job=pb.JobSpec(id="j1")))
     assert await code_of(s.SubmitJob(pb.SubmitJobRequest(job=pb.JobSpec(id="j1")))) == \
         grpc.StatusCode.ALREADY_EXISTS
+    assert await code_of(s.ReleaseJob(pb.ReleaseJobRequest(job_id="j1"))) == \
+        grpc.StatusCode.FAILED_PRECONDITION  # pending, not held
+    await s.HoldJob(pb.HoldJobRequest(job_id="j1"))
+    assert (await s.GetJob(pb.GetJobRequest(job_id="j1"))).status == "held"
+    held = await s.ListJobs(pb.ListJobsRequest(status="held"))
+    assert [j.spec.id for j in held.jobs] == ["j1"]
+    assert await code_of(s.HoldJob(pb.HoldJobRequest(job_id="j1"))) == \
+        grpc.StatusCode.FAILED_PRECONDITION
+    assert await code_of(s.HoldJob(pb.HoldJobRequest(job_id="nope"))) == \
+        grpc.StatusCode.NOT_FOUND
+    assert await code_of(s.ListJobs(pb.ListJobsRequest(status="hold"))) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+    await s.ReleaseJob(pb.ReleaseJobRequest(job_id="j1"))
     await s.CancelJob(pb.CancelJobRequest(job_id="j1"))
     assert await code_of(s.CancelJob(pb.CancelJobRequest(job_id="j1"))) == \
         grpc.StatusCode.FAILED_PRECONDITION

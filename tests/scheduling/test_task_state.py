@@ -80,6 +80,64 @@ async def test_failures_requeue_until_max_restarts_then_hold() -> None:
     assert r.status == "cancelled"
 
 
+async def test_a_job_held_for_failing_is_released_with_its_failures_counted_again() -> None:
+    """Slurm's ``scontrol release``: once its cause is fixed, a job held after too many
+    failures goes back to the queue with ``max_restarts`` failures to spend again."""
+    svc, sm, _ = _service()
+    await svc.register_node(make_node("a", gpus=1))
+    await _placed(svc, Job("j", devices_per_task=1, max_restarts=0, command=("x",)))
+    await svc.task_status("j", 0, 1, "a", "exited", 2)
+    r = sm.jobs["j"]
+    assert r.status == "failed"  # max_restarts 0: failed, not held, and never released
+    with pytest.raises(SchedulingError, match="only a held job can be released"):
+        await svc.release_job("j")
+    await _placed(svc, Job("h", devices_per_task=1, max_restarts=1, command=("x",)))
+    await svc.task_status("h", 0, 1, "a", "exited", 2)
+    await svc.run_cycle()
+    await svc.task_status("h", 0, 2, "a", "exited", 2)
+    r = sm.jobs["h"]
+    assert (r.status, r.failures, r.starts) == ("held", 2, 2) and r.end_time is not None
+    other = SchedulerStateMachine()  # a snapshot keeps it held
+    other.restore(sm.snapshot())
+    assert other.jobs["h"].status == "held"
+    await svc.release_job("h")
+    assert (r.status, r.failures, r.end_time, r.reason) == ("pending", 0, None, "released")
+    assert (await svc.run_cycle())["accepted"] == ["h"]
+    assert r.starts == 3
+    await svc.task_status("h", 0, 3, "a", "exited", 2)  # one failure of the new budget
+    assert (r.status, r.failures) == ("pending", 1)
+    check_invariants(sm)
+
+
+async def test_an_operator_holds_a_pending_job_and_releases_it() -> None:
+    svc, sm, _ = _service()
+    await svc.register_node(make_node("a", gpus=1))
+    await _placed(svc, Job("first", devices_per_task=1, command=("x",)))
+    await svc.submit_job(Job("second", devices_per_task=1, command=("x",)))
+    await svc.submit_job(Job("third", devices_per_task=1, command=("x",)))
+    await svc.hold_job("second")
+    assert (sm.jobs["second"].status, list(sm.pending)) == ("held", ["third"])
+    with pytest.raises(SchedulingError, match="running: only a pending job can be held"):
+        await svc.hold_job("first")
+    with pytest.raises(SchedulingError, match="held: only a pending job can be held"):
+        await svc.hold_job("second")
+    with pytest.raises(SchedulingError, match="does not exist"):
+        await svc.hold_job("ghost")
+    await svc.task_status("first", 0, 1, "a", "exited", 0)
+    assert (await svc.run_cycle())["accepted"] == ["third"]  # the held one is passed over
+    await svc.task_status("third", 0, 1, "a", "exited", 0)
+    assert (await svc.run_cycle())["accepted"] == []
+    await svc.release_job("second")
+    assert (await svc.run_cycle())["accepted"] == ["second"]
+    with pytest.raises(SchedulingError, match="running: only a held job can be released"):
+        await svc.release_job("second")
+    await svc.submit_job(Job("fourth", devices_per_task=1, command=("x",)))
+    await svc.hold_job("fourth")
+    await svc.cancel_job("fourth")  # a held job can be cancelled
+    assert sm.jobs["fourth"].status == "cancelled"
+    check_invariants(sm)
+
+
 async def test_max_restarts_0_fails_and_a_lost_task_or_preemption_is_not_a_failure() -> None:
     svc, sm, _ = _service()
     await svc.register_node(make_node("a", gpus=2))

@@ -60,3 +60,22 @@ def test_checkpoint_calls_need_their_job_or_every_job() -> None:
     assert needs_of("GC", ck.GCRequest()) == [(every[0], every[1], WRITE)]
     assert needs_of("GC", ck.GCRequest(jobs=["j7"])) == [(job, b"", WRITE)]
     assert needs_of("ConfirmDeleted", ck.ConfirmDeletedRequest()) == [(every[0], every[1], WRITE)]
+
+
+def test_every_scheduler_call_has_its_rule_and_mutations_need_write() -> None:
+    """Every method of the Scheduler service is in the table (one missing would need
+    root, ``rule_of``), and the calls that change jobs (Hold and Release too) need WRITE
+    on ``__accord/scheduling`` (docs/security.md)."""
+    from accord.proto import scheduling_pb2
+    from accord.services.auth.interceptor import RULES, rule_of
+
+    service = scheduling_pb2.DESCRIPTOR.services_by_name["Scheduler"]
+    for m in service.methods:
+        assert f"/{service.full_name}/{m.name}" in RULES, m.name
+    key = b"__accord/scheduling"
+    for name in ("SubmitJob", "CancelJob", "HoldJob", "ReleaseJob", "JobFinished"):
+        rule = rule_of(f"/{service.full_name}/{name}")
+        assert rule.needs is not None
+        assert list(rule.needs(None)) == [(key, b"", WRITE)], name
+    reads = rule_of(f"/{service.full_name}/ListJobs").needs
+    assert reads is not None and list(reads(None)) == [(key, b"", READ)]

@@ -15,8 +15,8 @@ Rules (etcd 3.4's, measured, where etcd has the call):
 * accord's own services map to *service keys*, reserved names granted like keys
   (``etcdctl role grant-permission ops read __accord/scheduling``): reading the
   scheduler (GetJob, ListJobs, WatchPlacements, ListNodes, Status) needs READ on
-  ``__accord/scheduling``, changing it (SubmitJob, CancelJob, JobFinished, Drain/Undrain)
-  WRITE; GPU agents' RegisterNode/Heartbeat/ReportTask need WRITE on
+  ``__accord/scheduling``, changing it (SubmitJob, CancelJob, HoldJob, ReleaseJob,
+  JobFinished, Drain/Undrain) WRITE; GPU agents' RegisterNode/Heartbeat/ReportTask need WRITE on
   ``__accord/scheduling/nodes``;
   the Membership service needs READ on ``__accord/membership``; the Checkpoints service
   maps each job to ``__accord/checkpoints/<job>``: reading a job's manifests (GetManifest,
@@ -197,6 +197,8 @@ RULES: dict[str, MethodRule] = {
     "/accord.scheduling.v1.Scheduler/ReportTask": _SCHED_NODES,
     "/accord.scheduling.v1.Scheduler/SubmitJob": _SCHED_WRITE,
     "/accord.scheduling.v1.Scheduler/CancelJob": _SCHED_WRITE,
+    "/accord.scheduling.v1.Scheduler/HoldJob": _SCHED_WRITE,
+    "/accord.scheduling.v1.Scheduler/ReleaseJob": _SCHED_WRITE,
     "/accord.scheduling.v1.Scheduler/JobFinished": _SCHED_WRITE,
     "/accord.scheduling.v1.Scheduler/DrainNode": _SCHED_WRITE,
     "/accord.scheduling.v1.Scheduler/UndrainNode": _SCHED_WRITE,

@@ -269,7 +269,7 @@ class SchedulerShard:
         if op == "node_dead":
             self.monitor.remove(str(cmd.get("node")))
             self._last_heard.pop(str(cmd.get("node")), None)
-        if op in ("drain", "undrain", "submit_job"):
+        if op in ("drain", "undrain", "submit_job", "release_job"):
             self._kick.set()
         for jid in result.get("requeued", []):
             r = self.sm.jobs[jid]

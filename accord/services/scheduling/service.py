@@ -85,6 +85,16 @@ class SchedulingService:
         check_name(job_id, "job id")
         return await self._commit("cancel_job", request_id, job_id=job_id)
 
+    async def hold_job(self, job_id: str, request_id: str | None = None) -> dict[str, Any]:
+        """Keep a pending job out of the queue until released."""
+        check_name(job_id, "job id")
+        return await self._commit("hold_job", request_id, job_id=job_id)
+
+    async def release_job(self, job_id: str, request_id: str | None = None) -> dict[str, Any]:
+        """Put a held job back in the queue with its failures counted from zero."""
+        check_name(job_id, "job id")
+        return await self._commit("release_job", request_id, job_id=job_id)
+
     async def job_finished(self, job_id: str, ok: bool = True, request_id: str | None = None) -> dict[str, Any]:
         """Report that a running job ended."""
         check_name(job_id, "job id")

@@ -30,14 +30,14 @@ from accord.services.scheduling.errors import SchedulingError
 from accord.services.scheduling.launch import TaskLaunch, task_launches
 from accord.services.scheduling.model import Job, Node, Placement
 from accord.services.scheduling.replicated import Event, SchedulerShard, ShardUnavailable
-from accord.services.scheduling.state import RUNNING, TaskRecord
+from accord.services.scheduling.state import JOB_STATUSES, RUNNING, TaskRecord
 
 T = TypeVar("T")
 _grpc_mod: Any = scheduling_pb2_grpc  # the generated module carries no annotations
 
 _NOT_FOUND = ("does not exist", "is not registered", "not found")
 _PRECONDITION = ("already ended", "is not running", "declared dead", "has running jobs",
-                 "not schedulable", "could hold")
+                 "not schedulable", "could hold", "can be held", "can be released")
 
 
 def code_for(message: str) -> grpc.StatusCode:
@@ -275,6 +275,23 @@ class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
             return pb.CancelJobResponse()
         return await _call(context, run())
 
+    async def HoldJob(self, request: pb.HoldJobRequest,
+                      context: grpc.aio.ServicerContext) -> pb.HoldJobResponse:
+        """Keep a pending job out of the queue until it is released (Slurm's hold)."""
+        async def run() -> pb.HoldJobResponse:
+            await self._svc.hold_job(request.job_id, request.request_id or None)
+            return pb.HoldJobResponse()
+        return await _call(context, run())
+
+    async def ReleaseJob(self, request: pb.ReleaseJobRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ReleaseJobResponse:
+        """Put a held job back in the queue, its failures counted from zero."""
+        async def run() -> pb.ReleaseJobResponse:
+            await self._svc.release_job(request.job_id, request.request_id or None)
+            self.shard.kick()
+            return pb.ReleaseJobResponse()
+        return await _call(context, run())
+
     async def JobFinished(self, request: pb.JobFinishedRequest,
                           context: grpc.aio.ServicerContext) -> pb.JobFinishedResponse:
         """A launcher reports that a running job ended."""
@@ -309,6 +326,9 @@ class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
                        context: grpc.aio.ServicerContext) -> pb.ListJobsResponse:
         """Jobs, optionally filtered by status and tenant."""
         async def run() -> pb.ListJobsResponse:
+            if request.status and request.status not in JOB_STATUSES:
+                raise SchedulingError(f"status {request.status!r}: use one of "
+                                      f"{', '.join(JOB_STATUSES)} (or none: every job)")
             await self.shard.barrier()
             sm = self.shard.sm
             if request.node:

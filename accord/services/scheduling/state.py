@@ -14,8 +14,9 @@ the same id (a client retry after a leader failover) returns the first result an
 changes nothing. Together these make a leader crash mid-cycle harmless: nothing
 is placed twice, and nothing pending is lost.
 
-Commands (``op``): register_node, heartbeat, submit_job, cancel_job, place_jobs,
-job_finished, task_status, checkpoint, node_dead, drain, undrain, set_queue, set_tenant.
+Commands (``op``): register_node, heartbeat, submit_job, cancel_job, hold_job,
+release_job, place_jobs, job_finished, task_status, checkpoint, node_dead, drain, undrain,
+set_queue, set_tenant.
 
 Tasks: each placement is the job's ``starts``-th *attempt*; its tasks start as
 ``placed``, and the agents running them report (``task_status``) ``running`` and then
@@ -27,7 +28,11 @@ a job that ended meanwhile (cancelled, failed) is recorded and changes nothing e
 exit is a *failure*, as are its node dying and one of its devices failing: a failure
 requeues the job while ``failures <= max_restarts``, after that the job is ``held``
 (``failed`` when ``max_restarts`` is 0) and stays put; devices are freed in every case.
-A preemption or a lost task requeues without counting as a failure.
+A preemption or a lost task requeues without counting as a failure. As in Slurm, an
+operator may hold a pending job (``hold_job``: out of the queue, nothing freed since
+nothing was placed) and release a held one (``release_job``: back in the queue, its
+failures counted from zero again, so a job held for failing gets ``max_restarts`` more
+once its cause is fixed); a held job may also be cancelled.
 """
 
 from __future__ import annotations
@@ -54,8 +59,10 @@ PORT_RANGE = 1000
 
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "pending", "running", "succeeded", "failed", "cancelled"
 HELD = "held"
-"""Failed more often than ``max_restarts`` allows: kept out of the queue until cancelled."""
+"""Out of the queue until released or cancelled: held by an operator while pending, or
+failed more often than ``max_restarts`` allows."""
 ENDED = (SUCCEEDED, FAILED, CANCELLED)
+JOB_STATUSES = (PENDING, RUNNING, HELD, *ENDED)
 TASK_STATES = ("placed", "running", "exited", "lost")
 
 
@@ -167,6 +174,7 @@ class SchedulerStateMachine:
         self._ops: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "register_node": self._register_node, "heartbeat": self._heartbeat,
             "submit_job": self._submit_job, "cancel_job": self._cancel_job,
+            "hold_job": self._hold_job, "release_job": self._release_job,
             "place_jobs": self._place_jobs, "job_finished": self._job_finished,
             "task_status": self._task_status,
             "checkpoint": self._checkpoint, "node_dead": self._node_dead,
@@ -416,6 +424,28 @@ class SchedulerStateMachine:
         self.pending.pop(r.job.id, None)
         r.status = CANCELLED
         r.end_time = float(cmd.get("now", self.clock))
+        return {"ok": True}
+
+    def _hold_job(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        r = self._job(cmd)
+        if r.status != PENDING:
+            raise SchedulingError(f"job {r.job.id} is {r.status}: only a pending job can be "
+                                  "held (cancel a running one)")
+        self.pending.pop(r.job.id, None)
+        r.status = HELD
+        r.reason = "held by an operator"
+        return {"ok": True}
+
+    def _release_job(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        r = self._job(cmd)
+        if r.status != HELD:
+            raise SchedulingError(f"job {r.job.id} is {r.status}: only a held job can be "
+                                  "released")
+        r.status = PENDING
+        r.failures = 0
+        r.end_time = None
+        r.reason = "released"
+        self.pending[r.job.id] = None
         return {"ok": True}
 
     def _job_finished(self, cmd: dict[str, Any]) -> dict[str, Any]:
