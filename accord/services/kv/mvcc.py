@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 from typing import Any, Final
 
 import crc32c
@@ -42,6 +43,13 @@ LEASE: Final = 5
 
 Hist = Rec | list[Rec]
 """A key's versions: one tuple, or a list of two or more in revision order."""
+
+CHANGED_SHARE_FOR_LOG_WALK = 0.05
+"""A compaction visits only the keys the revision log names since the previous one while
+the log holds fewer entries than this share of the keys, and every key otherwise
+(``bench/compaction.py``, 1 M keys: with 1,000 or 30,000 changed the log's keys take 2-3
+and 53-61 ms against 93 and 143 ms for every key; with 100,000, 275-299 against 198-234:
+a key reached through the log costs more cache misses than one in the pass over all)."""
 
 
 def _mod(rec: Rec) -> int:
@@ -162,7 +170,16 @@ class MVCCStore:
 
     # --- compaction -------------------------------------------------------------------
     def compact(self, rev: int) -> None:
-        """Drop versions superseded at or before ``rev``; raises etcd's errors."""
+        """Drop versions superseded at or before ``rev``; raises etcd's errors.
+
+        While few keys changed since the previous compaction
+        (:data:`CHANGED_SHARE_FOR_LOG_WALK`), only those the revision log names up to
+        ``rev`` are visited: every other key last changed at or before the previous
+        compaction, which left it one version there (a live one: a tombstone went), and
+        any newer versions it has are above ``rev``, so nothing of it is superseded at
+        ``rev``. The log holds every change since the previous compaction (writes, retro
+        writes, a snapshot's load; the keys changed exactly there were compacted then),
+        so a large store where few keys changed compacts in time of those."""
         if rev <= self.compact_rev:
             raise errors.COMPACTED
         if rev > self.rev:
@@ -170,7 +187,15 @@ class MVCCStore:
         hist = self.hist
         dead: list[bytes] = []
         shrunk: list[tuple[bytes, Rec]] = []
-        for key, h in hist.items():
+        revs = self._log_revs
+        start, stop = bisect_right(revs, self.compact_rev), bisect_right(revs, rev)
+        candidates: Iterable[tuple[bytes, Hist]]
+        if stop - start < len(hist) * CHANGED_SHARE_FOR_LOG_WALK:
+            # (a key the log names may be gone: rolled back, or deleted and compacted)
+            candidates = [(k, hist[k]) for k in self._changed(start, stop) if k in hist]
+        else:  # most keys changed: one pass over them all costs less than the log's
+            candidates = hist.items()
+        for key, h in candidates:
             if not isinstance(h, list):
                 if h[MOD] <= rev and h[VALUE] is None:
                     dead.append(key)
@@ -196,6 +221,18 @@ class MVCCStore:
             del self._log_revs[:cut]
             del self._log_keys[:cut]
         self.compact_rev = rev
+
+    def _changed(self, start: int, stop: int) -> Iterable[bytes]:
+        """The keys of the revision log's entries ``start`` to ``stop``, each once, in
+        the order they were written (the order their versions were allocated in: a
+        visit in a hash set's order instead misses the caches ~3x as often)."""
+        out: dict[bytes, None] = {}
+        for entry in islice(self._log_keys, start, stop):
+            if isinstance(entry, bytes):
+                out[entry] = None
+            else:
+                out.update(dict.fromkeys(entry))
+        return out
 
     # --- replay -----------------------------------------------------------------------
     def changes_since(
