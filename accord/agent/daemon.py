@@ -4,10 +4,14 @@
 
 - heartbeat: every ``heartbeat`` seconds, with the devices discovery holds unhealthy
   (re-checked every ``health_interval``); a node the scheduler declared dead registers
-  again. It also watches the agent's contact with the cluster: after ``orphan_timeout``
-  seconds without any successful call it stops every task (it no longer knows whether
-  they are still wanted, and the scheduler will have requeued them), but not before,
-  so a short blip restarts nothing.
+  again. It also watches the agent's contact with the cluster: ``orphan_timeout``
+  seconds after sending the last heartbeat the cluster took, it stops every task (it no
+  longer knows whether they are still wanted), but not before, so a short blip restarts
+  nothing. Only heartbeats count (not reads or reports), and from their sending, so the
+  agent's deadline is never later than the one the scheduler computes from the
+  heartbeat's commit: the agent registers ``orphan_timeout``, and the scheduler declares
+  the node dead (and requeues its jobs elsewhere) only after it plus the jobs' stop
+  grace, so a job never runs twice across a partition.
 - watch: the ``WatchPlacements`` stream, for low latency: a ``placed`` event naming this
   node starts its tasks at once; any other event of a job (requeued, preempted,
   cancelled, finished) stops its tasks of that attempt or older, a preemption telling
@@ -73,7 +77,9 @@ class AgentConfig:
     heartbeat: float = 0.5
     reconcile: float = 2.0
     orphan_timeout: float = 10.0
-    """Seconds without contact with the cluster before the agent stops its tasks."""
+    """Seconds without a heartbeat the cluster took (counted from the sending of the last
+    one it took) before the agent stops its tasks. Registered with the node, so the
+    scheduler requeues the node's jobs only after that, plus their stop grace."""
     health_interval: float = 10.0
     max_beats: int = 0
     """Stop after this many heartbeats (0: run until stopped)."""
@@ -82,6 +88,13 @@ class AgentConfig:
     advertise: str = ""
     """Host the scheduler tells clients for the agent (default: the node's address)."""
     leftover_grace: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.heartbeat <= 0 or self.orphan_timeout <= 2 * self.heartbeat:
+            raise ValueError(
+                f"orphan timeout {self.orphan_timeout:g}s must be more than two heartbeat "
+                f"intervals ({self.heartbeat:g}s each): one lost heartbeat must not stop "
+                "the tasks")
 
 
 @dataclass(slots=True)
@@ -130,7 +143,8 @@ class NodeAgent:
         self.unhealthy: dict[int, str] = {}
         self.beats = 0
         self.endpoint = ""
-        self.last_ok = time.monotonic()
+        self.last_beat = time.monotonic()
+        """When the last heartbeat (or registration) the cluster took was sent."""
         self.on_event = on_event or (lambda line: None)
         self._last_report: dict[TaskKey, asyncio.Task[None]] = {}
         self._delivering: set[asyncio.Task[None]] = set()
@@ -165,7 +179,7 @@ class NodeAgent:
         await self._clear_leftovers()
         self._loops = [asyncio.create_task(c, name=f"agent-{n}") for n, c in (
             ("heartbeat", self._heartbeat_loop()), ("watch", self._watch_loop()),
-            ("reconcile", self._reconcile_loop()))]
+            ("reconcile", self._reconcile_loop()), ("orphan", self._orphan_loop()))]
 
     async def wait(self) -> None:
         """Until ``max_beats`` heartbeats were sent (forever when 0)."""
@@ -205,9 +219,11 @@ class NodeAgent:
 
     async def _register(self) -> None:
         req = pb.RegisterNodeRequest(node=node_to_pb(self.node), agent_endpoint=self.endpoint,
-                                     request_id=f"agent-reg-{uuid.uuid4().hex[:16]}")
+                                     request_id=f"agent-reg-{uuid.uuid4().hex[:16]}",
+                                     orphan_timeout=self.config.orphan_timeout)
         deadline = time.monotonic() + 60.0
         while True:
+            sent = time.monotonic()
             try:
                 await self.link.unary("RegisterNode", req, CALL_TIMEOUT)
                 break
@@ -215,7 +231,7 @@ class NodeAgent:
                 if e.code() in STALE or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
-        self.last_ok = time.monotonic()
+        self.last_beat = sent
         self.on_event(f"{self.name} registered ({len(self.node.devices)} devices) "
                       f"agent {self.endpoint}")
 
@@ -232,9 +248,10 @@ class NodeAgent:
                 self.unhealthy = bad
             req = pb.HeartbeatRequest(node=self.name, unhealthy=sorted(self.unhealthy),
                                       request_id=f"agent-hb-{uuid.uuid4().hex[:16]}")
+            sent = time.monotonic()
             try:
                 await self.link.unary("Heartbeat", req, CALL_TIMEOUT)
-                self.last_ok = time.monotonic()
+                self.last_beat = sent
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     log.warning("%s was declared dead; registering again", self.name)
@@ -245,10 +262,18 @@ class NodeAgent:
             self.beats += 1
             if self.config.max_beats and self.beats >= self.config.max_beats:
                 self._finished.set()
+
+    async def _orphan_loop(self) -> None:
+        """Stop the tasks on time however long a heartbeat call hangs (a partition that
+        drops packets holds one for its whole timeout): checked on a timer of its own,
+        a tenth of the orphan timeout apart (at most 0.5 s)."""
+        step = min(0.5, max(0.01, self.config.orphan_timeout / 10))
+        while True:
+            await asyncio.sleep(step)
             self._check_orphaned()
 
     def _check_orphaned(self) -> None:
-        silent = time.monotonic() - self.last_ok
+        silent = time.monotonic() - self.last_beat
         if silent <= self.config.orphan_timeout:
             return
         for key, t in list(self.tasks.items()):
@@ -266,7 +291,6 @@ class NodeAgent:
             stream = stub.WatchPlacements(pb.WatchPlacementsRequest(node=self.name))
             try:
                 async for ev in stream:
-                    self.last_ok = time.monotonic()
                     delay = 0.1
                     self._on_event(ev)
             except grpc.RpcError as e:
@@ -297,7 +321,6 @@ class NodeAgent:
     async def _held(self) -> dict[TaskKey, tuple[pb.JobSpec, pb.TaskLaunch, str]]:
         req = pb.ListJobsRequest(node=self.name)
         resp = await self.link.unary("ListJobs", req, CALL_TIMEOUT)
-        self.last_ok = time.monotonic()
         want = {}
         for j in resp.jobs:
             states = {ts.rank: ts.state for ts in j.task_status}
@@ -435,7 +458,6 @@ class NodeAgent:
                 log.info("report %s %s dropped: %s", r.key.dirname, r.state, e.details())
                 return True
             return False
-        self.last_ok = time.monotonic()
         return True
 
     def _report(self, r: Report) -> None:

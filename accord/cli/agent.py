@@ -155,9 +155,13 @@ def agent_main(a: argparse.Namespace) -> int:
             return 2
     state = Path(a.state_dir) if a.state_dir else (
         Path.home() / ".local/state/accord/agent" / node.name)
-    cfg = AgentConfig(heartbeat=a.interval, reconcile=a.reconcile,
-                      orphan_timeout=a.orphan_timeout, health_interval=a.health_interval,
-                      max_beats=a.count, listen=a.listen, advertise=a.advertise or "")
+    try:
+        cfg = AgentConfig(heartbeat=a.interval, reconcile=a.reconcile,
+                          orphan_timeout=a.orphan_timeout, health_interval=a.health_interval,
+                          max_beats=a.count, listen=a.listen, advertise=a.advertise or "")
+    except ValueError as e:
+        print(f"accord nodes agent: {e} (--orphan-timeout, --interval)", file=sys.stderr)
+        return 2
     eps = common.from_args(a)
     agent = NodeAgent(list(eps), node, state, cfg, discoverer=discoverer,
                       mig=mig, on_event=_say, tls=eps.tls)
@@ -196,7 +200,9 @@ def add_agent_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--reconcile", type=float, default=2.0,
                    help="agent: seconds between full comparisons with the scheduler")
     g.add_argument("--orphan-timeout", type=float, default=10.0,
-                   help="agent: seconds without the cluster before its tasks are stopped")
+                   help="agent: seconds without a heartbeat the cluster took before its "
+                        "tasks are stopped (more than twice --interval; the scheduler "
+                        "requeues them elsewhere only after it, plus their --grace)")
     g.add_argument("--health-interval", type=float, default=10.0,
                    help="agent: seconds between device health checks")
 

@@ -20,6 +20,9 @@ Rules, each with its reason:
   than SWIM's death: an agent that restarted and re-registered after the death is
   not killed again by the stale record, so a false SWIM death costs at most one
   requeue of that node's jobs.
+* A node whose agent may still run tasks (cut off, not dead: it stops them by itself
+  within the orphan timeout it registered, plus its jobs' grace) waits until they are
+  surely stopped (``SchedulerShard.fenced``), as for the heartbeat detector.
 * ``left`` (a graceful leave) is not acted on: an agent restarting for an upgrade
   leaves, and its jobs may still run; if it does not come back, the heartbeat
   detector declares it dead.
@@ -76,6 +79,7 @@ class SchedulerLike(Protocol):
     @property
     def service(self) -> _Service: ...
     def is_leader(self) -> bool: ...
+    def fenced(self, node: str) -> bool: ...
 
 
 def scheduler_node(member: Member) -> str:
@@ -132,6 +136,8 @@ class SchedulerLink:
                 continue
             if st.last_heartbeat >= self.membership.wall_time(m.state_since):
                 continue  # heard from (re-registered) after SWIM's verdict
+            if self.scheduler.fenced(name):
+                continue  # dead to SWIM, but maybe only cut off: its tasks may still run
             out.append(name)
         return out
 

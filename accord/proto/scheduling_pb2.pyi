@@ -212,14 +212,16 @@ class JobInfo(_message.Message):
     def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., status: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[TaskLaunch, _Mapping]]] = ..., start_time: _Optional[float] = ..., end_time: _Optional[float] = ..., master_port: _Optional[int] = ..., starts: _Optional[int] = ..., requeues: _Optional[int] = ..., reason: _Optional[str] = ..., task_status: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., failures: _Optional[int] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node", "request_id", "agent_endpoint")
+    __slots__ = ("node", "request_id", "agent_endpoint", "orphan_timeout")
     NODE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    ORPHAN_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     node: NodeSpec
     request_id: str
     agent_endpoint: str
-    def __init__(self, node: _Optional[_Union[NodeSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., agent_endpoint: _Optional[str] = ...) -> None: ...
+    orphan_timeout: float
+    def __init__(self, node: _Optional[_Union[NodeSpec, _Mapping]] = ..., request_id: _Optional[str] = ..., agent_endpoint: _Optional[str] = ..., orphan_timeout: _Optional[float] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("node",)

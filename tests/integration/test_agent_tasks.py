@@ -45,9 +45,11 @@ class AgentProc:
     started: list[str] = field(default_factory=list)
 
     def start(self, endpoints: str) -> None:
-        cmd = [PY, "-m", "accord", "nodes", "agent", *self.args, "--endpoints", endpoints,
-               "--state-dir", str(self.state), "--listen", "127.0.0.1:0", "--interval", "0.3",
-               "--reconcile", "1", "--address", "127.0.0.1"]
+        orphan = [] if "--orphan-timeout" in self.args else ["--orphan-timeout", "4"]
+        cmd = [PY, "-m", "accord", "nodes", "agent", *self.args, *orphan,
+               "--endpoints", endpoints, "--state-dir", str(self.state),
+               "--listen", "127.0.0.1:0", "--interval", "0.3", "--reconcile", "1",
+               "--address", "127.0.0.1"]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -371,8 +373,10 @@ def test_agent_kill_9_requeues_onto_another_agent_and_a_restart_kills_leftovers(
     try:
         wait_for(lambda: {"gpu-k1", "gpu-k2"} <= alive_nodes(c), "the K80 agents to register")
         prog = script(tmp_path, "work.py", CHECKPOINTER)
-        jid = submit(c, "--id", "moves", "--gpus", "1", "--selector", "model == K80", "--",
-                     PY, prog)
+        # (grace 2: the scheduler requeues it once the agent, were it only cut off, had
+        # stopped it: its orphan timeout plus that grace after its last heartbeat)
+        jid = submit(c, "--id", "moves", "--gpus", "1", "--selector", "model == K80",
+                     "--grace", "2", "--", PY, prog)
         wait_for(lambda: "attempt 1" in cli(c, "jobs", "logs", jid, check=False), "it to run", 60)
         first = tasks(c, jid)[0].node
         victim, other = (k1, k2) if first == "gpu-k1" else (k2, k1)
@@ -441,3 +445,63 @@ print("rank", os.environ["NODE_RANK"], "done", flush=True)
     finally:
         c.start(leader)
         c.wait_serving(leader)
+
+
+TICKER = """
+import os, signal, sys, time
+out = open(os.path.join(sys.argv[1], "%d.ticks" % os.getpid()), "a", buffering=1)
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+while True:
+    out.write("%.3f\\n" % time.time())
+    time.sleep(0.05)
+"""
+
+
+def test_an_agent_cut_off_from_the_cluster_stops_its_task_before_it_runs_elsewhere(
+        world: tuple[ProcCluster, Agents], tmp_path: Path) -> None:
+    """A partition, not a crash: the agent lives on but reaches no member. It stops its
+    task its orphan timeout after the last heartbeat the cluster took; the scheduler,
+    which suspects the node seconds earlier, declares it dead only after that plus the
+    job's grace (``SchedulerShard.fenced``), so the job's second run starts after the
+    first one's last sign of life: it never runs twice at once. Each run writes the
+    time every 50 ms to a file of its own."""
+    from tests.integration.proxy import LinkProxies
+
+    c, agents = world
+    proxies = LinkProxies()
+    ports = [proxies.add("agent", n.name, n.client_port) for n in c.nodes]
+    # An orphan timeout longer than the scheduler takes to suspect the node (3-5 s), so
+    # that only the fence keeps the two runs apart (the broken variant, requeueing at
+    # suspicion, overlaps them).
+    cut = AgentProc("gpu-cut", ["--fake", "gpu-cut", "--gpus", "1", "--model", "P100",
+                                "--orphan-timeout", "8"],
+                    tmp_path / "cut", tmp_path / "cut.agent.log")
+    spare = agents.start("gpu-spare", "--fake", "gpu-spare", "--gpus", "1",
+                         "--model", "P100")
+    ticks = tmp_path / "ticks"
+    ticks.mkdir()
+    try:
+        cut.start(",".join(f"127.0.0.1:{p}" for p in ports))
+        wait_for(lambda: {"gpu-cut", "gpu-spare"} <= alive_nodes(c), "the P100 agents")
+        cli(c, "nodes", "drain", "gpu-spare")  # the first run goes to the agent to cut off
+        prog = script(tmp_path, "tick.py", TICKER)
+        jid = submit(c, "--id", "twice", "--gpus", "1", "--selector", "model == P100",
+                     "--grace", "2", "--", PY, prog, str(ticks))
+        wait_for(lambda: len(list(ticks.iterdir())) == 1, "the first run to tick", 60)
+        assert tasks(c, jid)[0].node == "gpu-cut"
+        cli(c, "nodes", "undrain", "gpu-spare")
+        proxies.partition(["agent"], [n.name for n in c.nodes])
+        wait_for(lambda: job(c, jid).starts == 2 and tasks(c, jid)[0].node == "gpu-spare",
+                 "the job to be requeued onto the spare agent", 90)
+        wait_for(lambda: len(list(ticks.iterdir())) == 2, "the second run to tick", 60)
+        assert "no contact with the cluster" in cut.output(), cut.output()[-2000:]
+        first, second = sorted(ticks.iterdir(), key=lambda p: float(p.read_text().split()[0]))
+        first_ticks = [float(x) for x in first.read_text().split()]
+        second_ticks = [float(x) for x in second.read_text().split()]
+        assert first_ticks[-1] < second_ticks[0], (first_ticks[-1], second_ticks[0])
+        cli(c, "jobs", "cancel", jid)
+    finally:
+        proxies.heal()
+        proxies.close()
+        cut.stop()
+        spare.stop()

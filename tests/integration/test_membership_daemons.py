@@ -149,10 +149,12 @@ def test_gpu_agent_killed_has_its_job_requeued_by_membership(cluster: ProcCluste
     seeds = ",".join(f"{HOST}:{n.gossip_port}" for n in cluster.nodes)
     log = open(tmp_path / "agent.log", "wb")
     # A long heartbeat interval keeps the scheduler's own heartbeat detector quiet for the
-    # length of the test: the death must come from SWIM.
+    # length of the test: the death must come from SWIM (the job runs no command, so no
+    # task of it waits for the agent's orphan timeout).
     agent = subprocess.Popen(
         [sys.executable, "-m", "accord", "nodes", "agent", "--fake", "gpu-z", "--gpus", "4",
-         "--interval", "600", "--endpoints", eps, "--gossip-seeds", seeds,
+         "--interval", "600", "--orphan-timeout", "1800", "--endpoints", eps,
+         "--gossip-seeds", seeds,
          "--gossip-profile", "local"],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log.close()

@@ -48,6 +48,8 @@ class FakeScheduler:
         self.nodes = nodes
         self.leader = leader
         self.dead: list[str] = []
+        self.still_running: set[str] = set()
+        """Nodes whose cut-off agent may still run tasks (``SchedulerShard.fenced``)."""
 
     @property
     def sm(self) -> FakeScheduler:
@@ -59,6 +61,9 @@ class FakeScheduler:
 
     def is_leader(self) -> bool:
         return self.leader
+
+    def fenced(self, node: str) -> bool:
+        return node in self.still_running
 
     async def node_dead(self, node: str, request_id: str | None = None) -> dict[str, Any]:
         self.dead.append(node)
@@ -93,12 +98,15 @@ async def test_link_rules() -> None:
         "gpu-d": FakeStatus(False, 1000.0),  # already dead in the scheduler: not due
         "n1": FakeStatus(True, 1000.0),      # a daemon, not an agent: not due
         "h-e": FakeStatus(True, 1000.0),     # agent member "e" standing for node h-e: due
+        "gpu-g": FakeStatus(True, 1000.0),   # dead to SWIM, its tasks maybe running: later
     })
+    sched.still_running.add("gpu-g")
     view = FakeView([
         agent("gpu-a", MemberState.DEAD, 5.0), agent("gpu-b", MemberState.DEAD, 5.0),
         agent("gpu-c", MemberState.LEFT, 5.0), agent("gpu-d", MemberState.DEAD, 5.0),
         agent("n1", MemberState.DEAD, 5.0, role="accord"), agent("e", MemberState.DEAD, 5.0, "h-e"),
         agent("gpu-f", MemberState.DEAD, 5.0),  # not registered with the scheduler
+        agent("gpu-g", MemberState.DEAD, 5.0),
     ])
     link = SchedulerLink(view, sched)  # type: ignore[arg-type]
     assert sorted(link.due()) == ["gpu-a", "h-e"]
@@ -107,6 +115,8 @@ async def test_link_rules() -> None:
     sched.leader = True
     assert sorted(await link.reconcile()) == ["gpu-a", "h-e"]
     assert link.declared == 2 and await link.reconcile() == []  # declared once
+    sched.still_running.clear()  # its tasks are surely stopped now
+    assert await link.reconcile() == ["gpu-g"]
 
 
 # ----- a real shard, real SWIM members ----------------------------------------------------------

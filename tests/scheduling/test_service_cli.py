@@ -99,6 +99,10 @@ async def test_jobs_and_nodes_commands(endpoint: tuple[str, SchedulerShard], tmp
     assert shard.sm.nodes["gpu-x"].alive
     assert shard.leader_info()[3] - applied == 4  # one registration, three heartbeats
     # errors: a clear message and a non-zero status
+    code, _, err = await run(capsys, "nodes", "agent", "--fake", "gpu-y", "--interval", "5",
+                             "--orphan-timeout", "8", "--endpoints", ep)
+    assert code == 2 and "must be more than two heartbeat intervals" in err
+    assert "gpu-y" not in shard.sm.nodes
     code, _, err = await run(capsys, "jobs", "submit", "--selector", "vendor ==", "--endpoints", ep)
     assert code == 1 and "INVALID_ARGUMENT" in err
     code, _, err = await run(capsys, "jobs", "show", "nope", "--endpoints", ep)

@@ -17,6 +17,7 @@ from accord.proto import scheduling_pb2 as pb
 from accord.proto import scheduling_pb2_grpc
 from accord.services.scheduling.replicated import SchedulerShard, ShardConfig, local_shard
 from accord.services.scheduling.servicer import add_scheduler_service, node_to_pb
+from accord.services.scheduling.state import SchedulerStateMachine
 from accord.services.scheduling.topology import make_node
 
 
@@ -208,6 +209,55 @@ async def test_silent_node_is_declared_dead_and_its_jobs_requeued(env: Env) -> N
         grpc.StatusCode.FAILED_PRECONDITION
     await register(env, first)
     await env.stub.Heartbeat(pb.HeartbeatRequest(node=first))
+
+
+@pytest.mark.parametrize("broken", [False, True])
+async def test_a_node_whose_agent_stops_its_tasks_is_declared_dead_only_after_they_stopped(
+        env: Env, broken: bool) -> None:
+    """An agent registered with an orphan timeout stops its tasks that long after the last
+    heartbeat the cluster took (``AgentConfig.orphan_timeout``), with the job's grace from
+    SIGTERM to SIGKILL: suspected long before, the node is declared dead (and its job
+    requeued elsewhere) only after both and ``fence_margin``. The broken variant declares
+    it dead as soon as suspected: the job then runs elsewhere while its tasks may still
+    run on the node cut off."""
+    for name in ("gpu-a", "gpu-b"):
+        await env.stub.RegisterNode(pb.RegisterNodeRequest(
+            node=gpu_node(name), orphan_timeout=None if broken else 10.0))
+    await env.stub.SubmitJob(pb.SubmitJobRequest(job=pb.JobSpec(
+        id="j", devices_per_task=8, grace=5, command=["python", "train.py"])))
+    await env.shard.lead_once()
+    first = (await env.stub.GetJob(pb.GetJobRequest(job_id="j"))).tasks[0].host
+    other = "gpu-b" if first == "gpu-a" else "gpu-a"
+    for _ in range(10):
+        env.clock.t += 0.5
+        for n in ("gpu-a", "gpu-b"):
+            await env.stub.Heartbeat(pb.HeartbeatRequest(node=n))
+        await env.shard.lead_once()
+    last = env.shard.sm.nodes[first].last_heartbeat
+    stopped = last + 10.0 + 5.0  # the agent's orphan timeout and the job's grace
+    declared_at = suspected_at = None
+    for _ in range(60):  # 30 s of the first node's silence
+        env.clock.t += 0.5
+        await env.stub.Heartbeat(pb.HeartbeatRequest(node=other))
+        if suspected_at is None and first in env.shard.monitor.suspects(env.clock.t):
+            suspected_at = env.clock.t
+        await env.shard.lead_once()
+        if not env.shard.sm.nodes[first].alive:
+            declared_at = env.clock.t
+            break
+    assert declared_at is not None and suspected_at is not None and suspected_at < stopped
+    if broken:
+        assert declared_at < stopped  # requeued while its tasks may still run there
+        return
+    assert declared_at >= stopped + env.shard.config.fence_margin
+    info = await env.stub.GetJob(pb.GetJobRequest(job_id="j"))
+    assert info.requeues == 1 and info.tasks[0].host == other
+    copy = SchedulerStateMachine()  # a snapshot keeps what the agent registered
+    copy.restore(env.shard.sm.snapshot())
+    assert copy.nodes[other].orphan_timeout == 10.0
+    bad = await code_of(env.stub.RegisterNode(pb.RegisterNodeRequest(
+        node=gpu_node("gpu-c"), orphan_timeout=-1)))
+    assert bad == grpc.StatusCode.INVALID_ARGUMENT
 
 
 async def test_replaying_the_log_yields_the_same_placements(env: Env) -> None:

@@ -19,7 +19,10 @@ Agent liveness: every replica feeds the heartbeat times carried *inside* the
 committed commands (so a replayed log gives the same picture) into a Phi accrual
 ``HeartbeatMonitor``; the leader, once it has led for ``leader_grace`` seconds,
 proposes ``node_dead`` for every alive node it suspects, and apply requeues that
-node's jobs.
+node's jobs. A node whose agent registered an orphan timeout (it stops its tasks by
+itself after that long without a heartbeat the cluster took) is declared dead only once
+its tasks are surely stopped (``tasks_stopped_by`` plus ``fence_margin``): a job is never
+requeued while its tasks may still run on a node cut off from the cluster.
 
 Each replica publishes placement events as it applies commands (``EventHub``), so
 ``WatchPlacements`` works on any member.
@@ -72,6 +75,10 @@ class ShardConfig:
     first_heartbeat_estimate: float = 1.0
     leader_grace: float = 3.0
     """A new leader declares no node dead before it has led this long."""
+    fence_margin: float = 2.0
+    """Seconds added to the time a suspected node's agent has surely stopped its tasks
+    (``SchedulerStateMachine.tasks_stopped_by``) before the node is declared dead and
+    its jobs requeued: the members' clocks against each other and the agent's."""
     event_buffer: int = 1024
     """Recent events kept for ``WatchPlacements(start_index)`` replays."""
 
@@ -327,6 +334,16 @@ class SchedulerShard:
         # ``place`` without ``keep`` leaves the index as it found it, so it is reused.
         return place(self._empty[1], job, Policy("best-fit")) is not None
 
+    def fenced(self, node: str, now: float | None = None) -> bool:
+        """Whether ``node``'s agent, if cut off from the cluster, may still run tasks
+        (``SchedulerStateMachine.tasks_stopped_by`` plus ``fence_margin`` not reached):
+        such a node is not declared dead yet, by the heartbeat detector or by SWIM
+        (``membership.scheduler_link``), so its jobs never run twice."""
+        stopped = self.sm.tasks_stopped_by(node)
+        if stopped is None:
+            return False
+        return (self.clock() if now is None else now) < stopped + self.config.fence_margin
+
     def kick(self) -> None:
         """Ask the leader loop for a cycle now."""
         self._kick.set()
@@ -377,9 +394,12 @@ class SchedulerShard:
         if now - self._led_since >= self.config.leader_grace:
             for peer in self.monitor.suspects(now):
                 st = self.sm.nodes.get(str(peer))
-                if st is not None and st.alive:
-                    log.warning("scheduling: node %s stopped heartbeating; declaring it dead", peer)
-                    await self.service.node_dead(str(peer))
+                if st is None or not st.alive:
+                    continue
+                if self.fenced(str(peer), now):
+                    continue
+                log.warning("scheduling: node %s stopped heartbeating; declaring it dead", peer)
+                await self.service.node_dead(str(peer))
         if not self.sm.pending:
             return None
         out = await self.service.run_cycle()

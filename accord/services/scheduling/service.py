@@ -55,13 +55,19 @@ class SchedulingService:
         return result
 
     async def register_node(self, node: Node | dict[str, Any], request_id: str | None = None,
-                            agent: str = "") -> dict[str, Any]:
-        """Add a node (or refresh an idle one's inventory); ``agent``: its agent's endpoint."""
+                            agent: str = "", orphan_timeout: float | None = None
+                            ) -> dict[str, Any]:
+        """Add a node (or refresh an idle one's inventory); ``agent``: its agent's endpoint;
+        ``orphan_timeout``: the seconds without a heartbeat after which that agent stops
+        its tasks by itself (``NodeStatus.orphan_timeout``)."""
         wire = node.to_wire() if isinstance(node, Node) else node
         Node.from_wire(wire)
+        extra: dict[str, Any] = {}
         if agent:
-            return await self._commit("register_node", request_id, node=wire, agent=agent)
-        return await self._commit("register_node", request_id, node=wire)
+            extra["agent"] = agent
+        if orphan_timeout is not None:
+            extra["orphan_timeout"] = float(orphan_timeout)
+        return await self._commit("register_node", request_id, node=wire, **extra)
 
     async def heartbeat(self, node: str, unhealthy: Iterable[int] = (), request_id: str | None = None
                         ) -> dict[str, Any]:

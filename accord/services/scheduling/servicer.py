@@ -231,8 +231,11 @@ class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
         async def run() -> pb.RegisterNodeResponse:
             wire = node_to_wire(request.node)
             Node.from_wire(wire)
+            orphan = (request.orphan_timeout if request.HasField("orphan_timeout")
+                      else None)
             out = await self._svc.register_node(wire, request.request_id or None,
-                                                agent=request.agent_endpoint)
+                                                agent=request.agent_endpoint,
+                                                orphan_timeout=orphan)
             return pb.RegisterNodeResponse(node=str(out["node"]))
         return await _call(context, run())
 

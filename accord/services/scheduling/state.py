@@ -55,6 +55,8 @@ from accord.services.scheduling.topology import domain_of
 SNAPSHOT_VERSION = 1
 MAX_REMEMBERED_COMMANDS = 100_000
 PORT_BASE = 29500
+MAX_ORPHAN_TIMEOUT = 3600.0
+"""The longest orphan timeout an agent may register (an hour)."""
 PORT_RANGE = 1000
 
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "pending", "running", "succeeded", "failed", "cancelled"
@@ -101,12 +103,18 @@ class NodeStatus:
     unhealthy: list[int] = field(default_factory=list)
     agent: str = ""
     """``host:port`` of the node agent's own service (task logs), as it registered."""
+    orphan_timeout: float | None = None
+    """Seconds of failed heartbeats after which the node's agent stops its tasks by
+    itself, as it registered (None: no agent said so, e.g. a node registered by hand,
+    whose death is declared as soon as it is suspected): the scheduler
+    declares the node dead no sooner than this (and its jobs' stop grace) after its
+    last heartbeat, so a job requeued elsewhere never runs beside its tasks there."""
 
     def to_wire(self) -> dict[str, Any]:
         """Encode as a msgpack-friendly dict."""
         return {"node": self.node.to_wire(), "alive": self.alive, "drained": self.drained,
                 "last_heartbeat": self.last_heartbeat, "unhealthy": list(self.unhealthy),
-                "agent": self.agent}
+                "agent": self.agent, "orphan_timeout": self.orphan_timeout}
 
 
 @dataclass(slots=True)
@@ -242,7 +250,7 @@ class SchedulerStateMachine:
             node = Node.from_wire(s["node"])
             fresh.nodes[node.name] = NodeStatus(node, s["alive"], s["drained"],
                                                 s["last_heartbeat"], list(s["unhealthy"]),
-                                                s.get("agent", ""))
+                                                s.get("agent", ""), s.get("orphan_timeout"))
             fresh.index.add_node(node, schedulable=s["alive"] and not s["drained"])
             for i in s["unhealthy"]:
                 fresh.index.set_health(node.name, i, False)
@@ -335,6 +343,21 @@ class SchedulerStateMachine:
                 out.append(jid)
         return out
 
+    def tasks_stopped_by(self, name: str) -> float | None:
+        """The time by which the tasks running on node ``name`` are surely stopped if
+        its agent lost the cluster right after its last heartbeat: that heartbeat, plus
+        the orphan timeout the agent registered, plus the longest stop grace (SIGTERM to
+        SIGKILL) of the jobs there. None when no task runs there (no job with a command)
+        or no agent promised to stop them (the node may be declared dead as soon as it is
+        suspected)."""
+        st = self.nodes.get(name)
+        if st is None or st.orphan_timeout is None:
+            return None
+        jobs = [j for j in self._jobs_on(name) if self.jobs[j].job.command]
+        if not jobs:  # placement-only jobs: no agent runs anything for them
+            return None
+        return st.last_heartbeat + st.orphan_timeout + max(self.jobs[j].job.grace for j in jobs)
+
     def _node(self, cmd: dict[str, Any]) -> NodeStatus:
         name = cmd.get("node")
         if not isinstance(name, str) or name not in self.nodes:
@@ -354,6 +377,12 @@ class SchedulerStateMachine:
         agent = cmd.get("agent", "")
         if not isinstance(agent, str) or len(agent) > 300:
             raise SchedulingError("register_node: 'agent' must be a host:port string")
+        orphan = cmd.get("orphan_timeout")
+        if orphan is not None and (not isinstance(orphan, (int, float))
+                                   or not 0 <= orphan <= MAX_ORPHAN_TIMEOUT):
+            raise SchedulingError(f"register_node: 'orphan_timeout' must be 0..{MAX_ORPHAN_TIMEOUT:g} "
+                                  "seconds")
+        orphan = None if orphan is None else float(orphan)
         old = self.nodes.get(node.name)
         if old is not None and self._jobs_on(node.name):
             if old.node != node:
@@ -361,12 +390,13 @@ class SchedulerStateMachine:
             old.alive = True
             old.last_heartbeat = float(cmd.get("now", self.clock))
             old.agent = agent
+            old.orphan_timeout = orphan
             self.index.set_schedulable(node.name, not old.drained)
             return {"ok": True, "node": node.name}
         drained = old.drained if old is not None else False
         self.index.add_node(node, schedulable=not drained)
         self.nodes[node.name] = NodeStatus(node, True, drained, float(cmd.get("now", self.clock)),
-                                           agent=agent)
+                                           agent=agent, orphan_timeout=orphan)
         return {"ok": True, "node": node.name}
 
     def _heartbeat(self, cmd: dict[str, Any]) -> dict[str, Any]:
