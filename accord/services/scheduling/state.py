@@ -55,9 +55,9 @@ from accord.services.scheduling.topology import domain_of
 SNAPSHOT_VERSION = 1
 MAX_REMEMBERED_COMMANDS = 100_000
 PORT_BASE = 29500
+PORT_RANGE = 1000
 MAX_ORPHAN_TIMEOUT = 3600.0
 """The longest orphan timeout an agent may register (an hour)."""
-PORT_RANGE = 1000
 
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED = "pending", "running", "succeeded", "failed", "cancelled"
 HELD = "held"
