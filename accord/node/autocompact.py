@@ -145,31 +145,17 @@ class RevisionCompactor:
         self._last = start
         self._compacted = 0
 
-    def due(self, now: float, kept_from: Callable[[int], int]) -> int | None:
-        """Where to compact now: ``kept_from(retention)``, the revision ``retention``
-        writes below the latest (0: the history holds no more), asked only once an
-        interval has passed; None when it is not yet time or nothing would change."""
-        if not self.time_to_look(now):
-            return None
-        return self.pick(kept_from(self.retention))
-
-    def time_to_look(self, now: float) -> bool:
-        """Whether an interval has passed since the last compaction (or the start)."""
-        return now - self._last >= self.interval
-
-    def pick(self, kept_from: int) -> int | None:
-        """Where to compact, given the revision ``retention`` writes back: there, unless
-        the history is shorter (0) or the last compaction was there already."""
-        return kept_from if kept_from > self._compacted else None
-
     async def decide(self, now: float, leads: bool, revision: Callable[[], Awaitable[int]],
                      writes_ago: Callable[[int], Awaitable[int]]) -> int | None:
-        """One step: on the leader, once an interval has passed, :meth:`pick` from
-        ``writes_ago(retention)`` (asked no more often: over a node's workers it is a
-        round of calls)."""
-        if not leads or not self.time_to_look(now):
+        """One step: on the leader, once an interval has passed since the last
+        compaction (or the start), ``writes_ago(retention)``, the revision ``retention``
+        writes below the latest: there, unless the history holds no more (0) or the last
+        compaction was there already. Asked no more often: over a node's workers it is a
+        round of calls."""
+        if not leads or now - self._last < self.interval:
             return None
-        return self.pick(await writes_ago(self.retention))
+        at = await writes_ago(self.retention)
+        return at if at > self._compacted else None
 
     def done(self, now: float, revision: int) -> None:
         """A compaction at ``revision`` is done (or was done already)."""

@@ -83,20 +83,33 @@ def test_periodic_compacts_each_period_at_the_newest_sample_a_whole_retention_ol
     assert (long.period, long.sample_every) == (3600.0, 360.0)
 
 
-def test_revision_mode_compacts_once_an_interval_and_never_at_the_same_revision_twice() -> None:
+async def test_revision_mode_compacts_once_an_interval_and_never_at_the_same_revision_twice(
+        ) -> None:
     asked: list[int] = []
 
-    def kept_from(n: int) -> int:
+    async def kept_from(n: int) -> int:
         asked.append(n)
         return 5000 - n
 
+    async def nothing(n: int) -> int:
+        return 0
+
+    async def unused() -> int:
+        raise AssertionError("revision mode samples nothing")
+
     rc = RevisionCompactor(1000, start=0.0, interval=300.0)
-    assert rc.due(299.0, kept_from) is None and not asked  # not asked before its time
-    assert rc.due(300.0, kept_from) == 4000 and asked == [1000]
+
+    async def due(now: float, writes_ago: Callable[[int], Awaitable[int]] = kept_from,
+                  leads: bool = True) -> int | None:
+        return await rc.decide(now, leads, unused, writes_ago)
+
+    assert await due(299.0) is None and not asked  # not asked before its time
+    assert await due(300.0, leads=False) is None and not asked  # a follower never asks
+    assert await due(300.0) == 4000 and asked == [1000]
     rc.done(300.0, 4000)
-    assert rc.due(599.0, kept_from) is None
-    assert rc.due(600.0, kept_from) is None  # nothing written since: nothing to do
-    assert rc.due(600.0, lambda n: 0) is None  # a history of fewer than n revisions
+    assert await due(599.0) is None
+    assert await due(600.0) is None  # nothing written since: nothing to do
+    assert await due(600.0, nothing) is None  # a history of fewer than n revisions
 
 
 async def _writes(b: Shards, keys: list[bytes], count: int, seed: int) -> list[int]:
