@@ -291,8 +291,7 @@ class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
         """Put a held job back in the queue, its failures counted from zero."""
         async def run() -> pb.ReleaseJobResponse:
             await self._svc.release_job(request.job_id, request.request_id or None)
-            self.shard.kick()
-            return pb.ReleaseJobResponse()
+            return pb.ReleaseJobResponse()  # applying it kicks the leader's cycle
         return await _call(context, run())
 
     async def JobFinished(self, request: pb.JobFinishedRequest,
