@@ -93,3 +93,12 @@ def test_placement_events_round_trip_with_and_without_their_job() -> None:
                                   attempt=3)
     assert PlacementEvent.from_pb(cancelled).spec is None
     _same(PlacementEvent.from_pb(cancelled).to_pb(), cancelled)
+
+
+def test_the_client_knows_every_job_status_the_scheduler_gives() -> None:
+    """``jobs(status=...)`` checks the status before asking; a status the scheduler has
+    and the client lacks (``held`` was one) could not be listed at all."""
+    from accord.client.scheduling import JOB_STATES
+    from accord.services.scheduling.state import JOB_STATUSES
+
+    assert sorted(JOB_STATES) == sorted(JOB_STATUSES)
