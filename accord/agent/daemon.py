@@ -25,10 +25,13 @@
   request id and retried until the scheduler answers; a refusal (the job moved on)
   drops the report.
 
-On start, tasks an earlier life of the agent left running (``runner.leftovers``) are
-killed: the agent cannot supervise processes that are not its children, so a task the
-scheduler still assigns here is also reported ``lost`` (the job is requeued without
-counting as a failure). On stop (SIGTERM), the agent stops its tasks and reports them
+Each task runs under a keeper (``keeper.py``) that stops it when the agent dies, or
+when the deadline the agent renews after each heartbeat the cluster took passes (the
+orphan deadline plus ``KEEPER_SLACK``): a killed or paused agent leaves no task running
+past the scheduler's fence. On start, tasks an earlier life of the agent left running
+anyway (``runner.leftovers``: their keeper was killed too) are killed: the agent cannot
+supervise processes that are not its children, so a task the scheduler still assigns
+here is also reported ``lost`` (the job is requeued without counting as a failure). On stop (SIGTERM), the agent stops its tasks and reports them
 lost, so their jobs are requeued at once rather than after the failure detector.
 
 TLS: given ``TLSOptions`` (``--cacert/--cert/--key``), the agent dials the cluster as the
@@ -65,6 +68,11 @@ from accord.services.scheduling.servicer import node_to_pb
 log = logging.getLogger("accord.agent")
 
 CALL_TIMEOUT = 10.0
+KEEPER_SLACK = 0.75
+"""Seconds the keepers wait past the agent's orphan deadline before they stop a task
+themselves: the agent's own timer (at most 0.5 s a step) normally goes first, and the
+keeper acts only when the agent is dead or paused. It must stay below the scheduler's
+``fence_margin`` (2 s), which the fence adds for exactly such differences."""
 STALE = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND,
          grpc.StatusCode.INVALID_ARGUMENT)
 """Answers that mean a report is about a job that has moved on: drop it."""
@@ -231,7 +239,7 @@ class NodeAgent:
                 if e.code() in STALE or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.5)
-        self.last_beat = sent
+        self._taken(sent)
         self.on_event(f"{self.name} registered ({len(self.node.devices)} devices) "
                       f"agent {self.endpoint}")
 
@@ -251,7 +259,7 @@ class NodeAgent:
             sent = time.monotonic()
             try:
                 await self.link.unary("Heartbeat", req, CALL_TIMEOUT)
-                self.last_beat = sent
+                self._taken(sent)
             except grpc.RpcError as e:
                 if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     log.warning("%s was declared dead; registering again", self.name)
@@ -271,6 +279,18 @@ class NodeAgent:
         while True:
             await asyncio.sleep(step)
             self._check_orphaned()
+
+    def _taken(self, sent: float) -> None:
+        """A heartbeat (or registration) sent at ``sent`` reached the cluster: the orphan
+        deadline moves on, here and in every task's keeper."""
+        self.last_beat = sent
+        deadline = self._keeper_deadline()
+        for t in self.tasks.values():
+            t.proc.renew(deadline)
+
+    def _keeper_deadline(self) -> float:
+        """When a task's keeper stops it unless renewed (``keeper.py``)."""
+        return self.last_beat + self.config.orphan_timeout + KEEPER_SLACK
 
     def _check_orphaned(self) -> None:
         silent = time.monotonic() - self.last_beat
@@ -383,9 +403,9 @@ class NodeAgent:
     def _launch(self, key: TaskKey, spec: pb.JobSpec, launch: pb.TaskLaunch) -> None:
         if not spec.command or key in self.tasks or key in self.done or self._stopping:
             return
-        proc = TaskProcess(key, list(spec.command), self._env(key, launch), self.task_root,
-                           cwd=spec.workdir, cpus=launch.cpus)
         grace = spec.grace if spec.HasField("grace") else 10.0
+        proc = TaskProcess(key, list(spec.command), self._env(key, launch), self.task_root,
+                           cwd=spec.workdir, cpus=launch.cpus, grace=grace)
         t = LocalTask(proc, tuple(launch.devices), grace, time.monotonic())
         self.tasks[key] = t
         t.waiter = asyncio.create_task(self._supervise(key, t), name=f"task-{key.dirname}")
@@ -401,7 +421,7 @@ class NodeAgent:
             self._finish(key)
             return
         try:
-            pid = await t.proc.start()
+            pid = await t.proc.start(self._keeper_deadline())
         except OSError as e:
             self.on_event(f"task {key.dirname} could not start: {e}")
             self._report(Report(key, "exited", 127, f"cannot start: {e}"[:500]))

@@ -1,11 +1,15 @@
 """Running one task: a child process in its own process group, logs to files, stop with grace.
 
-``TaskProcess.start`` runs the command with ``start_new_session`` (so the task and
-everything it forks form one process group the agent can signal as a whole),
-the task's environment, a working directory and stdout/stderr appended to
-``stdout.log`` / ``stderr.log`` in the task's directory, and pins it to the CPUs
-of its devices when they are known (``sched_setaffinity`` right after the spawn;
-threads and children the task creates inherit it).
+``TaskProcess.start`` runs the command under a keeper (``keeper.py``: the agent's child,
+in a session of its own), which starts it as the leader of a new process group (so the
+task and everything it forks can be signalled as a whole: the group's id is the task's
+pid), with the task's environment, a working directory and stdout/stderr appended to
+``stdout.log`` / ``stderr.log`` in the task's directory, pinned to the CPUs of its
+devices when they are known (the keeper pins itself before the spawn; threads and
+children the task creates inherit it). The keeper holds the read end of a lifeline
+pipe whose write end only this process holds: if the agent dies, or stops renewing the
+task's deadline (``renew``, after each heartbeat the cluster took), the keeper stops the
+task on its own. The keeper ends as the task ended, so ``wait`` returns the task's code.
 
 ``stop(grace, preempt)``: a preempted task is told first, by a file at
 ``ACCORD_PREEMPT_FILE`` (JSON with the reason and the kill deadline) written
@@ -16,9 +20,11 @@ rather than cancelled.
 
 Each task directory holds ``task.json`` (job, rank, attempt, pid, the process
 start time from ``/proc/PID/stat``): after an agent restart ``leftovers`` finds
-the tasks an earlier life started, and ``kill_leftover`` ends one only if its
-pid still belongs to the same process (the start time matches), so a recycled
-pid is never signalled.
+the tasks an earlier life started whose group is still there (the keeper stops them when
+the agent dies, but a keeper can be killed too), and ``kill_leftover`` ends one only if
+its pid still belongs to the same process (the start time matches) or, the task itself
+gone, its process group still has members, so a recycled pid is never signalled (Linux
+gives no new process a pid that is still a process group's id).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +47,7 @@ log = logging.getLogger("accord.agent")
 
 PREEMPT_FILE_ENV = "ACCORD_PREEMPT_FILE"
 STDOUT, STDERR, RECORD = "stdout.log", "stderr.log", "task.json"
+KEEPER = Path(__file__).with_name("keeper.py")
 
 
 @dataclass(slots=True, frozen=True)
@@ -82,6 +90,14 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def _read_all(fd: int) -> bytes:
+    """Everything written on a pipe until its write ends are closed."""
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _signal_group(pgid: int, sig: signal.Signals) -> bool:
     try:
         os.killpg(pgid, sig)
@@ -94,7 +110,7 @@ class TaskProcess:
     """One task's process, its logs and its record."""
 
     def __init__(self, key: TaskKey, command: Sequence[str], env: Mapping[str, str], root: Path,
-                 *, cwd: str = "", cpus: str = "") -> None:
+                 *, cwd: str = "", cpus: str = "", grace: float = 10.0) -> None:
         if not command:
             raise ValueError(f"task {key.dirname}: the command is empty")
         self.key = key
@@ -102,11 +118,16 @@ class TaskProcess:
         self.dir = root / key.dirname
         self.cwd = cwd
         self.cpus = cpus
+        self.grace = grace
+        """What the keeper waits between its SIGTERM and its SIGKILL when it stops the task."""
         self.env = dict(env)
         self.env[PREEMPT_FILE_ENV] = str(self.dir / "preempt")
         self.env.setdefault("ACCORD_TASK_DIR", str(self.dir))
         self.proc: asyncio.subprocess.Process | None = None
+        """The keeper (the task's exit status is its own)."""
         self.pid = 0
+        """The task's pid, also its process group's id."""
+        self._lifeline = -1
         self.started_at = 0.0
         self.exit_code: int | None = None
         self.stopping = False
@@ -121,41 +142,86 @@ class TaskProcess:
         """The task's stderr log."""
         return self.dir / STDERR
 
-    async def start(self) -> int:
-        """Spawn the process; returns its pid. ``OSError`` when it cannot be started."""
+    async def start(self, deadline: float = float("inf")) -> int:
+        """Spawn the task under its keeper; returns the task's pid. ``OSError`` when it
+        cannot be started. ``deadline`` (``time.monotonic()``) is when the keeper stops it
+        unless :meth:`renew` moves it on."""
         self.dir.mkdir(parents=True, exist_ok=True)
         cwd = self.cwd or str(self.dir)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        out = os.open(self.stdout_path, flags, 0o644)
         try:
-            err = os.open(self.stderr_path, flags, 0o644)
+            cpus = ",".join(str(c) for c in sorted(parse_cpu_list(self.cpus)))
+        except ValueError as e:
+            log.info("task %s: cannot pin to CPUs %r: %s", self.key.dirname, self.cpus, e)
+            cpus = ""
+        argv = [sys.executable, "-I", str(KEEPER), "--grace", repr(self.grace),
+                "--deadline", repr(min(deadline, 1e15)), "--cpus", cpus]
+        life_r, life_w = os.pipe()
+        said_r, said_w = os.pipe()
+        try:
+            out = os.open(self.stdout_path, flags, 0o644)
             try:
-                self.proc = await asyncio.create_subprocess_exec(
-                    *self.command, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=err,
-                    env=self.env, cwd=cwd, start_new_session=True)
+                err = os.open(self.stderr_path, flags, 0o644)
+                try:
+                    self.proc = await asyncio.create_subprocess_exec(
+                        *argv, "--status-fd", str(said_w), "--", *self.command,
+                        stdin=life_r, stdout=out, stderr=err, env=self.env, cwd=cwd,
+                        start_new_session=True, pass_fds=(said_w,))
+                finally:
+                    os.close(err)
             finally:
-                os.close(err)
+                os.close(out)
+        except BaseException:
+            for fd in (life_r, life_w, said_r, said_w):
+                os.close(fd)
+            raise
+        os.close(life_r)
+        os.close(said_w)
+        os.set_blocking(life_w, False)
+        self._lifeline = life_w
+        try:
+            said = (await asyncio.to_thread(_read_all, said_r)).decode(errors="replace").split(" ", 2)
         finally:
-            os.close(out)
-        self.pid = self.proc.pid
+            os.close(said_r)
+        if said[0] != "ok":
+            await self.proc.wait()
+            self._close_lifeline()
+            if said[0] == "error" and len(said) == 3 and said[1].isdigit():
+                raise OSError(int(said[1]), said[2].strip())
+            raise OSError(f"task {self.key.dirname}: its keeper failed to start it "
+                          f"(exit {self.proc.returncode}; see {self.stderr_path})")
+        self.pid = int(said[1])
         self.started_at = time.time()
-        if self.cpus:
-            try:
-                os.sched_setaffinity(self.pid, parse_cpu_list(self.cpus))
-            except (OSError, ValueError) as e:  # CPUs outside our cgroup: run unpinned
-                log.info("task %s: cannot pin to CPUs %s: %s", self.key.dirname, self.cpus, e)
         record = {"job_id": self.key.job_id, "rank": self.key.rank, "attempt": self.key.attempt,
                   "pid": self.pid, "proc_start": proc_start_time(self.pid),
-                  "started_at": self.started_at, "command": self.command}
+                  "keeper": self.proc.pid, "started_at": self.started_at,
+                  "command": self.command}
         tmp = self.dir / (RECORD + ".tmp")
         tmp.write_text(json.dumps(record))
         tmp.replace(self.dir / RECORD)
         return self.pid
 
+    def renew(self, deadline: float) -> None:
+        """Tell the keeper the task may run until ``deadline`` (``time.monotonic()``)."""
+        if self._lifeline < 0:
+            return
+        try:
+            os.write(self._lifeline, f"{deadline!r}\n".encode())
+        except BlockingIOError:
+            pass  # the keeper is behind: it keeps the older (earlier) deadline
+        except OSError:  # the keeper is gone: the task has ended
+            self._close_lifeline()
+
+    def _close_lifeline(self) -> None:
+        if self._lifeline >= 0:
+            os.close(self._lifeline)
+            self._lifeline = -1
+
     async def wait(self) -> int:
         """The exit code (``-N`` when killed by signal N), once the process has ended."""
         assert self.proc is not None, "start() first"
         code = await self.proc.wait()
+        self._close_lifeline()
         self.exit_code = code
         return code
 
@@ -178,6 +244,7 @@ class TaskProcess:
             code = await self.proc.wait()
         # The leader is gone; anything it left in its group goes too.
         _signal_group(self.pid, signal.SIGKILL)
+        self._close_lifeline()
         self.exit_code = code
         return code
 
@@ -192,9 +259,12 @@ class Leftover:
     dir: Path
 
     def alive(self) -> bool:
-        """Is that very process (not a recycled pid) still there?"""
+        """Is that very process (not a recycled pid) still there, or, the task gone, its
+        process group (what it forked)?"""
         now = proc_start_time(self.pid)
-        return now is not None and (self.proc_start is None or now == self.proc_start)
+        if now is not None:
+            return self.proc_start is None or now == self.proc_start
+        return group_alive(self.pid)
 
 
 def leftovers(root: Path) -> list[Leftover]:

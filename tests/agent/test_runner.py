@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from accord.agent.runner import PREEMPT_FILE_ENV, TaskKey, TaskProcess, kill_leftover, leftovers
@@ -121,3 +122,111 @@ def test_empty_command_is_refused(tmp_path: Path) -> None:
         assert "command is empty" in str(e)
     else:
         raise AssertionError("an empty command was accepted")
+
+
+async def test_a_command_that_cannot_start_is_an_oserror_naming_it(tmp_path: Path) -> None:
+    t = TaskProcess(TaskKey("j", 0, 1), [str(tmp_path / "no-such-program")], {}, tmp_path)
+    try:
+        await t.start()
+    except FileNotFoundError as e:
+        assert "No such file" in str(e)
+    else:
+        raise AssertionError("a missing program started")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
+    except (OSError, IndexError):
+        return True
+
+
+async def _until(cond: Callable[[], bool], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+AGENT = """
+import asyncio, sys, time
+from pathlib import Path
+from accord.agent.runner import TaskKey, TaskProcess
+
+async def main():
+    t = TaskProcess(TaskKey("j", 0, 1), [sys.executable, "-c", "import time; time.sleep(120)"],
+                    {}, Path(sys.argv[1]), grace=2.0)
+    print(await t.start(time.monotonic() + 3600), flush=True)
+    await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_task_stops_when_its_agent_is_killed(tmp_path: Path) -> None:
+    """kill -9 of the agent closes the keeper's lifeline: the task is stopped at once,
+    not left running while the scheduler gives its job to another node."""
+    agent = await asyncio.create_subprocess_exec(PY, "-c", AGENT, str(tmp_path),
+                                                 stdout=asyncio.subprocess.PIPE)
+    try:
+        assert agent.stdout is not None
+        pid = int(await asyncio.wait_for(agent.stdout.readline(), 30))
+        await asyncio.sleep(1.0)
+        assert not _gone(pid)  # the agent lives: so does its task
+        os.kill(agent.pid, signal.SIGKILL)
+        await agent.wait()
+        await _until(lambda: _gone(pid), "the task of the killed agent to stop", 10)
+        err = (tmp_path / "j.r0.a1" / "stderr.log").read_text()
+        assert "the agent is gone" in err
+        assert leftovers(tmp_path) == []
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+            await agent.wait()
+
+
+async def test_a_task_runs_while_renewed_and_stops_at_its_deadline(tmp_path: Path) -> None:
+    """The agent renews the deadline after each heartbeat the cluster took; a paused or
+    cut-off agent renews nothing, and the keeper stops the task past the deadline: SIGTERM,
+    then SIGKILL after the grace for a task that ignores it."""
+    code = ("import signal, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: print('term', flush=True))\n"
+            "print('ready', flush=True)\n"
+            "while True: time.sleep(0.05)\n")
+    t = TaskProcess(TaskKey("j", 0, 1), [PY, "-c", code], {}, tmp_path, grace=1.0)
+    pid = await t.start(time.monotonic() + 1.0)
+    waiter = asyncio.create_task(t.wait())
+    renewed_until = time.monotonic() + 2.5
+    while time.monotonic() < renewed_until:
+        t.renew(time.monotonic() + 1.0)
+        await asyncio.sleep(0.2)
+    assert not waiter.done() and not _gone(pid)  # 2.5 s, past the first deadline: running
+    stopped = time.monotonic()
+    assert await asyncio.wait_for(waiter, 10) == -signal.SIGKILL
+    took = time.monotonic() - stopped
+    assert 1.5 <= took < 6.0, took  # the deadline (1 s), then the grace (1 s)
+    assert "term" in t.stdout_path.read_text()
+    assert "no heartbeat of the agent" in t.stderr_path.read_text()
+
+
+async def test_a_leftover_whose_keeper_was_killed_too_is_found_by_its_group(
+        tmp_path: Path) -> None:
+    """Keeper and task gone, a grandchild left in the group: still a leftover, killed."""
+    code = ("import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print(p.pid, flush=True); time.sleep(60)")
+    t = TaskProcess(TaskKey("g", 0, 1), [PY, "-c", code], {}, tmp_path)
+    pid = await t.start()
+    await _until(lambda: bool(t.stdout_path.read_text().strip()), "the grandchild", 10)
+    grandchild = int(t.stdout_path.read_text())
+    assert t.proc is not None
+    os.kill(t.proc.pid, signal.SIGKILL)  # the keeper, then the task: only the group is left
+    os.kill(pid, signal.SIGKILL)
+    await t.wait()
+    await _until(lambda: _gone(pid), "the task to be reaped", 10)
+    left = leftovers(tmp_path)
+    assert [x.key for x in left] == [TaskKey("g", 0, 1)]
+    assert await kill_leftover(left[0], 2.0)
+    await _until(lambda: _gone(grandchild), "the grandchild to be killed", 10)
+    assert leftovers(tmp_path) == []

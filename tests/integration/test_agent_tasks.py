@@ -365,23 +365,30 @@ def test_preemption_stops_the_victim_runs_the_new_job_and_requeues_the_victim(
         gpu.stop()
 
 
-def test_agent_kill_9_requeues_onto_another_agent_and_a_restart_kills_leftovers(
+def test_agent_kill_9_stops_its_task_at_once_and_the_job_moves_to_another_agent(
         world: tuple[ProcCluster, Agents], tmp_path: Path) -> None:
+    """kill -9 of an agent: its task's keeper sees the lifeline close and stops the task
+    at once, well before the scheduler's fence lets the job run on another agent, so the
+    two runs never overlap; the restarted agent finds nothing left to kill."""
     c, agents = world
     k1 = agents.start("gpu-k1", "--fake", "gpu-k1", "--gpus", "1", "--model", "K80")
     k2 = agents.start("gpu-k2", "--fake", "gpu-k2", "--gpus", "1", "--model", "K80")
+    ticks = tmp_path / "ticks"
+    ticks.mkdir()
     try:
         wait_for(lambda: {"gpu-k1", "gpu-k2"} <= alive_nodes(c), "the K80 agents to register")
-        prog = script(tmp_path, "work.py", CHECKPOINTER)
-        # (grace 2: the scheduler requeues it once the agent, were it only cut off, had
-        # stopped it: its orphan timeout plus that grace after its last heartbeat)
+        prog = script(tmp_path, "tick.py", TICKER)
         jid = submit(c, "--id", "moves", "--gpus", "1", "--selector", "model == K80",
-                     "--grace", "2", "--", PY, prog)
-        wait_for(lambda: "attempt 1" in cli(c, "jobs", "logs", jid, check=False), "it to run", 60)
+                     "--grace", "2", "--", PY, prog, str(ticks))
+        wait_for(lambda: _ticking(ticks) == 1, "the first run to tick", 60)
         first = tasks(c, jid)[0].node
         victim, other = (k1, k2) if first == "gpu-k1" else (k2, k1)
         orphan = victim.pid_of(jid)
         victim.kill()
+        wait_for(lambda: not _alive(orphan), "the killed agent's task to be stopped", 15)
+        assert job(c, jid).starts == 1  # gone before the fence let the job move
+        err = (victim.state / "tasks" / f"{jid}.r0.a1" / "stderr.log").read_text()
+        assert "the agent is gone" in err, err
         try:
             wait_for(lambda: job(c, jid).starts == 2 and tasks(c, jid)[0].node == other.name,
                      "the job to be requeued onto the other agent", 60)
@@ -392,20 +399,58 @@ def test_agent_kill_9_requeues_onto_another_agent_and_a_restart_kills_leftovers(
                 f"{e}; job: {job(c, jid)}; alive nodes: {sorted(alive_nodes(c))}; "
                 f"the members' scheduling lines: {said}; "
                 f"{other.name} said:\n{other.output()[-3000:]}") from None
-        wait_for(lambda: "attempt 2" in cli(c, "jobs", "logs", jid, check=False),
-                 "it to run on the other agent", 60)
+        wait_for(lambda: _ticking(ticks) == 2, "the second run to tick", 60)
         moved = job(c, jid)
         assert (moved.requeues, moved.failures) == (1, 1)  # a node death counts as a failure
-        os.kill(orphan, 0)  # the dead agent's task outlived it (its own session)
+        first_run, second_run = sorted(ticks.iterdir(),
+                                       key=lambda p: float(p.read_text().split()[0]))
+        assert float(first_run.read_text().split()[-1]) < float(second_run.read_text().split()[0])
         victim.start(c.endpoints)
-        wait_for(lambda: f"killed leftover {jid}.r0.a1 pid {orphan}" in victim.output(),
-                 "the restarted agent to kill its leftover", 60)
-        wait_for(lambda: not _alive(orphan), "the leftover to be gone", 30)
+        wait_for(lambda: victim.output().count(f"{victim.name} registered") == 2,
+                 "the agent to come back", 60)
+        assert "killed leftover" not in victim.output()
         assert status(c, jid) == "running" and tasks(c, jid)[0].node == other.name
         cli(c, "jobs", "cancel", jid)
     finally:
         k1.stop()
         k2.stop()
+
+
+def test_a_paused_agents_task_is_stopped_by_its_keeper_before_it_runs_elsewhere(
+        world: tuple[ProcCluster, Agents], tmp_path: Path) -> None:
+    """SIGSTOP of an agent: no heartbeat, and no timer of its own either. Its task's keeper
+    stops the task at the agent's orphan deadline (which the agent renewed after each
+    heartbeat the cluster took), within the scheduler's fence: the job's second run, on
+    another agent, starts after the first one's last tick."""
+    c, agents = world
+    paused = agents.start("gpu-p1", "--fake", "gpu-p1", "--gpus", "1", "--model", "T4")
+    spare = agents.start("gpu-p2", "--fake", "gpu-p2", "--gpus", "1", "--model", "T4")
+    ticks = tmp_path / "ticks"
+    ticks.mkdir()
+    assert paused.proc is not None
+    try:
+        wait_for(lambda: {"gpu-p1", "gpu-p2"} <= alive_nodes(c), "the T4 agents to register")
+        cli(c, "nodes", "drain", "gpu-p2")  # the first run goes to the agent to pause
+        prog = script(tmp_path, "tick.py", TICKER)
+        jid = submit(c, "--id", "paused", "--gpus", "1", "--selector", "model == T4",
+                     "--grace", "2", "--", PY, prog, str(ticks))
+        wait_for(lambda: _ticking(ticks) == 1, "the first run to tick", 60)
+        assert tasks(c, jid)[0].node == "gpu-p1"
+        cli(c, "nodes", "undrain", "gpu-p2")
+        os.kill(paused.proc.pid, signal.SIGSTOP)
+        wait_for(lambda: job(c, jid).starts == 2 and tasks(c, jid)[0].node == "gpu-p2",
+                 "the job to be requeued onto the spare agent", 90)
+        wait_for(lambda: _ticking(ticks) == 2, "the second run to tick", 60)
+        first_run, second_run = sorted(ticks.iterdir(),
+                                       key=lambda p: float(p.read_text().split()[0]))
+        assert float(first_run.read_text().split()[-1]) < float(second_run.read_text().split()[0])
+        err = (paused.state / "tasks" / f"{jid}.r0.a1" / "stderr.log").read_text()
+        assert "no heartbeat of the agent reached the cluster" in err, err
+        cli(c, "jobs", "cancel", jid)
+    finally:
+        os.kill(paused.proc.pid, signal.SIGCONT)
+        paused.stop()
+        spare.stop()
 
 
 def _alive(pid: int) -> bool:
