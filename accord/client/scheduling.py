@@ -365,6 +365,9 @@ class Node:
     numa_cpus: tuple[str, ...] = ()
     """CPU list per NUMA node, e.g. ``"0-55,112-167"``."""
     nics: tuple[Nic, ...] = ()
+    orphan_timeout: float | None = None
+    """Seconds without a heartbeat the cluster took after which the node's agent stops
+    its tasks by itself (what it registered); None: no such promise."""
 
     @property
     def state(self) -> str:
@@ -379,7 +382,8 @@ class Node:
                    int(s.cpu_milli), int(s.memory_mib), s.leaf, s.spine, s.block, n.alive,
                    n.drained, float(n.last_heartbeat), tuple(n.unhealthy), tuple(n.running_jobs),
                    n.agent_endpoint, tuple(s.numa_cpus),
-                   tuple(Nic(x.name, int(x.numa)) for x in s.nics))
+                   tuple(Nic(x.name, int(x.numa)) for x in s.nics),
+                   float(n.orphan_timeout) if n.HasField("orphan_timeout") else None)
 
     def to_pb(self) -> pb.NodeInfo:
         """The wire message (what ``accord nodes ls --json`` prints)."""
@@ -391,7 +395,8 @@ class Node:
         return pb.NodeInfo(spec=spec, alive=self.alive, drained=self.drained,
                            last_heartbeat=self.last_heartbeat, unhealthy=list(self.unhealthy),
                            running_jobs=list(self.running_jobs),
-                           agent_endpoint=self.agent_endpoint)
+                           agent_endpoint=self.agent_endpoint,
+                           orphan_timeout=self.orphan_timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -547,11 +552,20 @@ class SchedulerApi:
                               timeout)
         return list(r.running_jobs)
 
-    async def register_node(self, spec: pb.NodeSpec, *, timeout: float | None = None) -> str:
+    async def register_node(self, spec: pb.NodeSpec, *, agent_endpoint: str = "",
+                            orphan_timeout: float | None = None,
+                            timeout: float | None = None) -> str:
         """Add a node (or refresh an idle one's inventory); its name. ``spec`` is the wire
-        ``NodeSpec`` (as agents read it from discovery or a JSON file)."""
+        ``NodeSpec`` (as agents read it from discovery or a JSON file).
+
+        For an agent of one's own: ``agent_endpoint`` is where it serves task logs, and
+        ``orphan_timeout`` its promise to stop the node's tasks by itself that many seconds
+        after sending the last heartbeat the cluster took; the scheduler then requeues the
+        node's jobs elsewhere only after that plus their stop grace (``docs/agent.md``).
+        Promise it only if the agent keeps it."""
         r = await self._unary("RegisterNode", pb.RegisterNodeRequest(
-            node=spec, request_id=request_id()), timeout)
+            node=spec, request_id=request_id(), agent_endpoint=agent_endpoint,
+            orphan_timeout=orphan_timeout), timeout)
         return str(r.node)
 
     async def heartbeat(self, node: str, *, unhealthy: Sequence[int] = (),

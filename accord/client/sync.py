@@ -361,10 +361,13 @@ class SyncSchedulerApi:
         """See :meth:`SchedulerApi.undrain`."""
         return self._loop.run(self._a.undrain(node, timeout=timeout))
 
-    def register_node(self, spec: scheduling_pb2.NodeSpec, *,
+    def register_node(self, spec: scheduling_pb2.NodeSpec, *, agent_endpoint: str = "",
+                      orphan_timeout: float | None = None,
                       timeout: float | None = None) -> str:
         """See :meth:`SchedulerApi.register_node`."""
-        return self._loop.run(self._a.register_node(spec, timeout=timeout))
+        return self._loop.run(self._a.register_node(
+            spec, agent_endpoint=agent_endpoint, orphan_timeout=orphan_timeout,
+            timeout=timeout))
 
     def heartbeat(self, node: str, *, unhealthy: Sequence[int] = (),
                   timeout: float | None = None) -> list[str]:

@@ -77,7 +77,7 @@ class NodeSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., cpu_milli: _Optional[int] = ..., memory_mib: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., numa_cpus: _Optional[_Iterable[str]] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., leaf: _Optional[str] = ..., spine: _Optional[str] = ..., block: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("spec", "alive", "drained", "last_heartbeat", "unhealthy", "running_jobs", "agent_endpoint")
+    __slots__ = ("spec", "alive", "drained", "last_heartbeat", "unhealthy", "running_jobs", "agent_endpoint", "orphan_timeout")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     DRAINED_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class NodeInfo(_message.Message):
     UNHEALTHY_FIELD_NUMBER: _ClassVar[int]
     RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
     AGENT_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    ORPHAN_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     spec: NodeSpec
     alive: bool
     drained: bool
@@ -92,7 +93,8 @@ class NodeInfo(_message.Message):
     unhealthy: _containers.RepeatedScalarFieldContainer[int]
     running_jobs: _containers.RepeatedScalarFieldContainer[str]
     agent_endpoint: str
-    def __init__(self, spec: _Optional[_Union[NodeSpec, _Mapping]] = ..., alive: _Optional[bool] = ..., drained: _Optional[bool] = ..., last_heartbeat: _Optional[float] = ..., unhealthy: _Optional[_Iterable[int]] = ..., running_jobs: _Optional[_Iterable[str]] = ..., agent_endpoint: _Optional[str] = ...) -> None: ...
+    orphan_timeout: float
+    def __init__(self, spec: _Optional[_Union[NodeSpec, _Mapping]] = ..., alive: _Optional[bool] = ..., drained: _Optional[bool] = ..., last_heartbeat: _Optional[float] = ..., unhealthy: _Optional[_Iterable[int]] = ..., running_jobs: _Optional[_Iterable[str]] = ..., agent_endpoint: _Optional[str] = ..., orphan_timeout: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
     __slots__ = ("id", "tenant", "queue", "priority", "tasks", "devices_per_task", "gpu_milli", "cpu_milli", "memory_mib", "selector", "topology_level", "topology_required", "estimated_runtime", "preemptible", "submit_time", "command", "workdir", "grace", "max_restarts")

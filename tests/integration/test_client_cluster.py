@@ -23,6 +23,7 @@ import pytest
 
 from accord.client import (
     AccordClient,
+    ClientError,
     EventType,
     JobSpec,
     NotFound,
@@ -338,10 +339,26 @@ async def test_scheduling_round_trip_from_python(client: AccordClient) -> None:
             assert job_id in [j.id for j in await c.scheduler.jobs(status="running")]
             nodes = {n.name: n for n in await c.scheduler.nodes()}
             assert nodes["gpu-rt"].alive and job_id in nodes["gpu-rt"].running_jobs
+            assert nodes["gpu-rt"].orphan_timeout is None  # registered with no promise
             await c.scheduler.job_finished(job_id)
             finished = await asyncio.wait_for(next_of("finished"), 30)
             assert finished.index > placed.index
         assert (await c.scheduler.get(job_id)).status == "succeeded"
+        # An agent of one's own promises to stop its tasks (the scheduler's fence then
+        # waits for it); the listing shows the promise, and a promise out of range is
+        # refused with nothing registered.
+        own = await c.scheduler.register_node(node_to_pb(make_node("gpu-own", gpus=1)),
+                                              agent_endpoint="127.0.0.1:7001",
+                                              orphan_timeout=7.5)
+        listed = {n.name: n for n in await c.scheduler.nodes()}[own]
+        assert (listed.orphan_timeout, listed.agent_endpoint) == (7.5, "127.0.0.1:7001")
+        assert listed.to_pb().orphan_timeout == 7.5
+        with pytest.raises(ClientError) as refused:
+            await c.scheduler.register_node(node_to_pb(make_node("gpu-bad", gpus=1)),
+                                            orphan_timeout=-1.0)
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert "orphan_timeout" in refused.value.message
+        assert "gpu-bad" not in {n.name for n in await c.scheduler.nodes()}
         assert await c.scheduler.drain(name) == []
         assert (await c.scheduler.undrain(name)) == []
         with pytest.raises(NotFound, match="does not exist"):

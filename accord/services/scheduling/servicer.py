@@ -378,7 +378,8 @@ class SchedulerServicer(scheduling_pb2_grpc.SchedulerServicer):
             return pb.ListNodesResponse(nodes=[
                 pb.NodeInfo(spec=node_to_pb(st.node), alive=st.alive, drained=st.drained,
                             last_heartbeat=st.last_heartbeat, unhealthy=list(st.unhealthy),
-                            running_jobs=self._jobs_on(name), agent_endpoint=st.agent)
+                            running_jobs=self._jobs_on(name), agent_endpoint=st.agent,
+                            orphan_timeout=st.orphan_timeout)
                 for name, st in self.shard.sm.nodes.items()
             ])
         return await _call(context, run())
