@@ -450,7 +450,7 @@ class NodeAgent:
                                         name=f"stop-{key.dirname}")
 
     async def _stop_process(self, t: LocalTask, preempt: bool, reason: str) -> int:
-        if t.proc.proc is None:
+        if not t.proc.launched:
             return 0  # never started: _supervise sees the stopper and gives up
         if t.proc.exit_code is not None:
             return t.proc.exit_code

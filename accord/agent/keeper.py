@@ -79,6 +79,8 @@ def _exit_as(status: int) -> None:
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    if pgid <= 0:  # never our own group, never every process
+        raise ValueError(f"not the task's process group: {pgid}")
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:

@@ -81,6 +81,8 @@ def proc_start_time(pid: int) -> int | None:
 
 def group_alive(pgid: int) -> bool:
     """Is any process of group ``pgid`` left?"""
+    if pgid <= 0:
+        return False
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -99,6 +101,8 @@ def _read_all(fd: int) -> bytes:
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    if pgid <= 0:  # 0 or -1 would be our own group or every process we may signal
+        raise ValueError(f"not a task's process group: {pgid}")
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
@@ -128,6 +132,9 @@ class TaskProcess:
         self.pid = 0
         """The task's pid, also its process group's id."""
         self._lifeline = -1
+        self.launched = False
+        """:meth:`start` was called (the task may be starting: :meth:`stop` waits)."""
+        self._start_done = asyncio.Event()
         self.started_at = 0.0
         self.exit_code: int | None = None
         self.stopping = False
@@ -146,6 +153,13 @@ class TaskProcess:
         """Spawn the task under its keeper; returns the task's pid. ``OSError`` when it
         cannot be started. ``deadline`` (``time.monotonic()``) is when the keeper stops it
         unless :meth:`renew` moves it on."""
+        self.launched = True
+        try:
+            return await self._start(deadline)
+        finally:
+            self._start_done.set()
+
+    async def _start(self, deadline: float) -> int:
         self.dir.mkdir(parents=True, exist_ok=True)
         cwd = self.cwd or str(self.dir)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
@@ -226,9 +240,14 @@ class TaskProcess:
         return code
 
     async def stop(self, grace: float, *, preempt: bool = False, reason: str = "") -> int:
-        """Tell (if preempted), SIGTERM the group, SIGKILL after ``grace``; returns the exit code."""
-        assert self.proc is not None, "start() first"
+        """Tell (if preempted), SIGTERM the group, SIGKILL after ``grace``; returns the exit
+        code. A stop that arrives while the task is starting waits for the start; one of a
+        task that could not start returns 127 (as :meth:`start`'s ``OSError`` said)."""
+        assert self.launched, "start() first"
         self.stopping = True
+        await self._start_done.wait()
+        if self.proc is None or self.pid <= 0:
+            return 127
         if preempt:
             note = {"reason": reason or "preempted", "deadline": time.time() + grace}
             with contextlib.suppress(OSError):
@@ -280,6 +299,8 @@ def leftovers(root: Path) -> list[Leftover]:
             left = Leftover(TaskKey(str(rec["job_id"]), int(rec["rank"]), int(rec["attempt"])),
                             int(rec["pid"]), rec.get("proc_start"), d)
         except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if left.pid <= 0:  # a damaged record: no process group to look for
             continue
         if left.alive():
             out.append(left)

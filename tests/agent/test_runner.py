@@ -230,3 +230,26 @@ async def test_a_leftover_whose_keeper_was_killed_too_is_found_by_its_group(
     assert await kill_leftover(left[0], 2.0)
     await _until(lambda: _gone(grandchild), "the grandchild to be killed", 10)
     assert leftovers(tmp_path) == []
+
+
+async def test_a_stop_during_the_start_waits_for_it_then_stops_the_task(tmp_path: Path) -> None:
+    """The agent may cancel a task while its keeper is still starting it: the stop waits
+    for the task's pid (it never signals a group it does not know yet, and above all not
+    group 0, the agent's own) and then stops it."""
+    t = TaskProcess(TaskKey("j", 0, 1), [PY, "-c", "import time; time.sleep(60)"], {},
+                    tmp_path)
+    starting = asyncio.create_task(t.start())
+    await asyncio.sleep(0)  # the start has begun, the pid is not known yet
+    assert t.launched and t.pid == 0
+    assert await asyncio.wait_for(t.stop(5.0), 30) == -signal.SIGTERM
+    pid = await starting
+    assert _gone(pid)
+
+
+async def test_damaged_records_are_no_leftovers(tmp_path: Path) -> None:
+    for i, pid in enumerate((0, -1)):
+        d = tmp_path / f"x.r{i}.a1"
+        d.mkdir()
+        (d / "task.json").write_text(json.dumps({"job_id": "x", "rank": i, "attempt": 1,
+                                                 "pid": pid, "proc_start": None}))
+    assert leftovers(tmp_path) == []
