@@ -44,6 +44,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import TextIO
 
 
 def _ignore(_sig: int, _frame: object) -> None:
@@ -78,6 +79,16 @@ def _exit_as(status: int) -> None:
     os._exit(128 + sig)  # a signal that does not end a process (SIGCHLD...)
 
 
+def _tell(status: TextIO, line: str) -> None:
+    """Write the one status line for the agent and close the pipe; an agent that is gone
+    reads nothing, and is not waited for."""
+    try:
+        status.write(line + "\n")
+        status.close()
+    except OSError:
+        pass
+
+
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     if pgid <= 0:  # never our own group, never every process
         raise ValueError(f"not the task's process group: {pgid}")
@@ -97,6 +108,9 @@ class Keeper:
         self.kill_at: float | None = None
         """When the stop began, plus the grace: SIGKILL then."""
         self.pending = b""
+        self.poll = 1.0
+        """The longest sleep between two looks at the clock (and, without pidfds, at
+        the task)."""
 
     def read_lifeline(self) -> bool:
         """Take what the agent wrote; False at end of file (the agent is gone)."""
@@ -128,7 +142,7 @@ class Keeper:
         """Seconds until the next thing to do on a timer (past the SIGKILL, a short
         wait for the task's end, the signal sent again if it has not come)."""
         at = self.kill_at if self.kill_at is not None else self.deadline
-        return min(at - now, 1.0) if at > now else 0.05
+        return min(at - now, self.poll) if at > now else 0.05
 
 
 def main(argv: list[str]) -> None:
@@ -145,15 +159,20 @@ def main(argv: list[str]) -> None:
     try:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL, process_group=0)
     except OSError as e:
-        status.write(f"error {e.errno or 0} {e.strerror or e}\n")
-        status.close()
+        _tell(status, f"error {e.errno or 0} {e.strerror or e}")
         os._exit(127)
-    status.write(f"ok {child.pid}\n")
-    status.close()
+    _tell(status, f"ok {child.pid}")  # (an agent already gone: the lifeline says so below)
     keeper = Keeper(child.pid, args.grace, args.deadline)
-    exited = os.pidfd_open(child.pid)
-    watched = [exited, 0]
+    try:
+        exited = os.pidfd_open(child.pid)
+        watched = [exited, 0]
+    except (OSError, AttributeError):  # a kernel before 5.3 (or a Python built without
+        # pidfds): look for the task's end on each wake instead
+        exited, watched = -1, [0]
+        keeper.poll = 0.1
     while True:
+        if exited < 0 and child.poll() is not None:
+            _exit_as(child.wait())
         now = time.monotonic()
         if keeper.kill_at is not None and now >= keeper.kill_at:
             _signal_group(child.pid, signal.SIGKILL)

@@ -253,3 +253,36 @@ async def test_damaged_records_are_no_leftovers(tmp_path: Path) -> None:
         (d / "task.json").write_text(json.dumps({"job_id": "x", "rank": i, "attempt": 1,
                                                  "pid": pid, "proc_start": None}))
     assert leftovers(tmp_path) == []
+
+
+async def test_the_keeper_without_pidfds_still_sees_the_task_end_and_the_agent_go(
+        tmp_path: Path) -> None:
+    """On a kernel without ``pidfd_open`` (before 5.3) the keeper looks for the task's end
+    on a timer: the exit code still comes through, and a closed lifeline still stops it."""
+    from accord.agent.runner import KEEPER
+
+    async def keep(code: str) -> tuple[asyncio.subprocess.Process, int]:
+        life_r, life_w = os.pipe()
+        said_r, said_w = os.pipe()
+        shim = ("import os, runpy, sys; del os.pidfd_open; sys.argv = sys.argv[1:]; "
+                "runpy.run_path(sys.argv[0], run_name='__main__')")
+        proc = await asyncio.create_subprocess_exec(
+            PY, "-I", "-c", shim, str(KEEPER), "--status-fd", str(said_w), "--grace", "1",
+            "--deadline", "1e15", "--", PY, "-c", code, stdin=life_r, pass_fds=(said_w,),
+            stderr=asyncio.subprocess.PIPE)
+        os.close(life_r)
+        os.close(said_w)
+        said = await asyncio.to_thread(os.read, said_r, 100)
+        os.close(said_r)
+        assert said.startswith(b"ok "), said
+        return proc, life_w
+
+    proc, life = await keep("import time, sys; time.sleep(0.3); sys.exit(5)")
+    assert await asyncio.wait_for(proc.wait(), 30) == 5
+    os.close(life)
+    proc, life = await keep("import time; time.sleep(60)")
+    await asyncio.sleep(0.3)
+    os.close(life)  # the agent is gone
+    assert await asyncio.wait_for(proc.wait(), 30) == -signal.SIGTERM
+    assert proc.stderr is not None
+    assert b"the agent is gone" in await proc.stderr.read()
