@@ -402,9 +402,7 @@ def test_agent_kill_9_stops_its_task_at_once_and_the_job_moves_to_another_agent(
         wait_for(lambda: _ticking(ticks) == 2, "the second run to tick", 60)
         moved = job(c, jid)
         assert (moved.requeues, moved.failures) == (1, 1)  # a node death counts as a failure
-        first_run, second_run = sorted(ticks.iterdir(),
-                                       key=lambda p: float(p.read_text().split()[0]))
-        assert float(first_run.read_text().split()[-1]) < float(second_run.read_text().split()[0])
+        _runs_did_not_overlap(ticks)
         victim.start(c.endpoints)
         wait_for(lambda: victim.output().count(f"{victim.name} registered") == 2,
                  "the agent to come back", 60)
@@ -429,21 +427,12 @@ def test_a_paused_agents_task_is_stopped_by_its_keeper_before_it_runs_elsewhere(
     ticks.mkdir()
     assert paused.proc is not None
     try:
-        wait_for(lambda: {"gpu-p1", "gpu-p2"} <= alive_nodes(c), "the T4 agents to register")
-        cli(c, "nodes", "drain", "gpu-p2")  # the first run goes to the agent to pause
-        prog = script(tmp_path, "tick.py", TICKER)
-        jid = submit(c, "--id", "paused", "--gpus", "1", "--selector", "model == T4",
-                     "--grace", "2", "--", PY, prog, str(ticks))
-        wait_for(lambda: _ticking(ticks) == 1, "the first run to tick", 60)
-        assert tasks(c, jid)[0].node == "gpu-p1"
-        cli(c, "nodes", "undrain", "gpu-p2")
+        jid = _first_run_on(c, "gpu-p1", "gpu-p2", "T4", "paused", ticks, tmp_path)
         os.kill(paused.proc.pid, signal.SIGSTOP)
         wait_for(lambda: job(c, jid).starts == 2 and tasks(c, jid)[0].node == "gpu-p2",
                  "the job to be requeued onto the spare agent", 90)
         wait_for(lambda: _ticking(ticks) == 2, "the second run to tick", 60)
-        first_run, second_run = sorted(ticks.iterdir(),
-                                       key=lambda p: float(p.read_text().split()[0]))
-        assert float(first_run.read_text().split()[-1]) < float(second_run.read_text().split()[0])
+        _runs_did_not_overlap(ticks)
         err = (paused.state / "tasks" / f"{jid}.r0.a1" / "stderr.log").read_text()
         assert "no heartbeat of the agent reached the cluster" in err, err
         cli(c, "jobs", "cancel", jid)
@@ -507,6 +496,29 @@ def _ticking(folder: Path) -> int:
     return sum(1 for p in folder.iterdir() if p.read_text().strip())
 
 
+def _first_run_on(c: ProcCluster, first: str, spare: str, model: str, job_id: str,
+                  ticks: Path, tmp_path: Path) -> str:
+    """Submit a ``TICKER`` job (grace 2 s) that runs on ``first``, ``spare`` drained
+    meanwhile and then open to take it; its id once its first run ticks."""
+    wait_for(lambda: {first, spare} <= alive_nodes(c), f"the {model} agents to register")
+    cli(c, "nodes", "drain", spare)
+    prog = script(tmp_path, "tick.py", TICKER)
+    jid = submit(c, "--id", job_id, "--gpus", "1", "--selector", f"model == {model}",
+                 "--grace", "2", "--", PY, prog, str(ticks))
+    wait_for(lambda: _ticking(ticks) == 1, "the first run to tick", 60)
+    assert tasks(c, jid)[0].node == first
+    cli(c, "nodes", "undrain", spare)
+    return jid
+
+
+def _runs_did_not_overlap(ticks: Path) -> None:
+    """The second run's first tick comes after the first run's last."""
+    first, second = sorted(ticks.iterdir(), key=lambda p: float(p.read_text().split()[0]))
+    first_ticks = [float(x) for x in first.read_text().split()]
+    second_ticks = [float(x) for x in second.read_text().split()]
+    assert first_ticks[-1] < second_ticks[0], (first_ticks[-1], second_ticks[0])
+
+
 def test_an_agent_cut_off_from_the_cluster_stops_its_task_before_it_runs_elsewhere(
         world: tuple[ProcCluster, Agents], tmp_path: Path) -> None:
     """A partition, not a crash: the agent lives on but reaches no member. It stops its
@@ -532,23 +544,13 @@ def test_an_agent_cut_off_from_the_cluster_stops_its_task_before_it_runs_elsewhe
     ticks.mkdir()
     try:
         cut.start(",".join(f"127.0.0.1:{p}" for p in ports))
-        wait_for(lambda: {"gpu-cut", "gpu-spare"} <= alive_nodes(c), "the P100 agents")
-        cli(c, "nodes", "drain", "gpu-spare")  # the first run goes to the agent to cut off
-        prog = script(tmp_path, "tick.py", TICKER)
-        jid = submit(c, "--id", "twice", "--gpus", "1", "--selector", "model == P100",
-                     "--grace", "2", "--", PY, prog, str(ticks))
-        wait_for(lambda: _ticking(ticks) == 1, "the first run to tick", 60)
-        assert tasks(c, jid)[0].node == "gpu-cut"
-        cli(c, "nodes", "undrain", "gpu-spare")
+        jid = _first_run_on(c, "gpu-cut", "gpu-spare", "P100", "twice", ticks, tmp_path)
         proxies.partition(["agent"], [n.name for n in c.nodes])
         wait_for(lambda: job(c, jid).starts == 2 and tasks(c, jid)[0].node == "gpu-spare",
                  "the job to be requeued onto the spare agent", 90)
         wait_for(lambda: _ticking(ticks) == 2, "the second run to tick", 60)
         assert "no contact with the cluster" in cut.output(), cut.output()[-2000:]
-        first, second = sorted(ticks.iterdir(), key=lambda p: float(p.read_text().split()[0]))
-        first_ticks = [float(x) for x in first.read_text().split()]
-        second_ticks = [float(x) for x in second.read_text().split()]
-        assert first_ticks[-1] < second_ticks[0], (first_ticks[-1], second_ticks[0])
+        _runs_did_not_overlap(ticks)
         cli(c, "jobs", "cancel", jid)
     finally:
         proxies.heal()
