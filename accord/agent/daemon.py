@@ -31,8 +31,9 @@ orphan deadline plus ``KEEPER_SLACK``): a killed or paused agent leaves no task 
 past the scheduler's fence. On start, tasks an earlier life of the agent left running
 anyway (``runner.leftovers``: their keeper was killed too) are killed: the agent cannot
 supervise processes that are not its children, so a task the scheduler still assigns
-here is also reported ``lost`` (the job is requeued without counting as a failure). On stop (SIGTERM), the agent stops its tasks and reports them
-lost, so their jobs are requeued at once rather than after the failure detector.
+here is also reported ``lost`` (the job is requeued without counting as a failure). On
+stop (SIGTERM), the agent stops its tasks and reports them lost, so their jobs are
+requeued at once rather than after the failure detector.
 
 TLS: given ``TLSOptions`` (``--cacert/--cert/--key``), the agent dials the cluster as the
 client library does, and with a certificate and key it also serves its log service over
