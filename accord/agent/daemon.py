@@ -497,8 +497,11 @@ class NodeAgent:
 
     async def _deliver(self, r: Report, prev: asyncio.Task[None] | None) -> None:
         if prev is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(prev)
+            # Wait for the task's earlier report however it ends (done, failed, cancelled)
+            # without taking its end for ours: a cancel of *this* delivery (``stop``) still
+            # ends it. (Suppressing CancelledError around the wait swallowed our own cancel
+            # too, and the delivery then retried a gone cluster forever.)
+            await asyncio.wait({prev})
         delay = 0.1
         while not await self._send(r):
             await asyncio.sleep(delay)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -12,7 +13,8 @@ from typing import Any
 import grpc
 import pytest
 
-from accord.agent.daemon import AgentConfig, NodeAgent, run_agent
+from accord.agent.daemon import AgentConfig, NodeAgent, Report, run_agent
+from accord.agent.runner import TaskKey
 from accord.client.tls import TLSOptions, aio_channel
 from accord.node.certs import CertFiles, make_cluster_pki
 from accord.proto import scheduling_pb2 as pb
@@ -229,6 +231,34 @@ async def test_orphaned_tasks_run_until_the_timeout_then_stop(tmp_path: Path) ->
         assert out.is_dir()
     finally:
         await agent.stop(report=False)
+
+
+async def test_stop_ends_report_deliveries_queued_behind_one_another(tmp_path: Path) -> None:
+    """A task's reports go out in order, each waiting for the one before; with the
+    cluster gone, both retry. ``stop`` cancels them, and the one waiting for its
+    predecessor must end too (it once took the cancel for its predecessor's and retried
+    forever, and ``stop`` with it)."""
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: every report is retried
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = AgentConfig(heartbeat=0.2, reconcile=0.5, listen="127.0.0.1:0")
+    agent = NodeAgent([f"127.0.0.1:{port}"], cpu_node("cpu-r"), tmp_path / "a", cfg)
+    key = TaskKey("r", 0, 1)
+    agent._report(Report(key, "running"))
+    agent._report(Report(key, "exited", 0))
+    await asyncio.sleep(0.3)  # both are retrying, the second behind the first
+    assert len(agent._delivering) == 2
+    stopping = asyncio.create_task(agent.stop(report=False))
+    try:
+        done, _ = await asyncio.wait({stopping}, timeout=5)  # waits; cancels nothing
+        assert done, "stop() is waiting for a report delivery that never ends"
+        assert not agent._delivering
+    finally:
+        stopping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopping
 
 
 @pytest.mark.parametrize("secure", [False, True], ids=["plain", "mtls"])
