@@ -93,11 +93,16 @@ def group_alive(pgid: int) -> bool:
 
 
 def _read_all(fd: int) -> bytes:
-    """Everything written on a pipe until its write ends are closed."""
-    chunks = []
-    while chunk := os.read(fd, 4096):
-        chunks.append(chunk)
-    return b"".join(chunks)
+    """Everything written on a pipe until its write ends are closed; then closes ``fd``
+    (here, in the reading thread: a caller cancelled meanwhile must not close it under
+    the read)."""
+    try:
+        chunks = []
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> bool:
@@ -193,10 +198,7 @@ class TaskProcess:
         os.close(said_w)
         os.set_blocking(life_w, False)
         self._lifeline = life_w
-        try:
-            said = (await asyncio.to_thread(_read_all, said_r)).decode(errors="replace").split(" ", 2)
-        finally:
-            os.close(said_r)
+        said = (await asyncio.to_thread(_read_all, said_r)).decode(errors="replace").split(" ", 2)
         if said[0] != "ok":
             await self.proc.wait()
             self._close_lifeline()
