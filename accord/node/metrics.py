@@ -74,6 +74,17 @@ TOP_TENANTS = 20
 """Tenants exported one by one in the scheduler's queue gauge; the rest sum to ``_other``."""
 DB_SIZE_MAX_AGE = 5.0
 """Seconds a measured data-directory size is reused by later scrapes (it walks the disk)."""
+XTXN_COUNTERS = (
+    ("committed", "Multi-shard transactions this member coordinated that committed "
+                  "(Txns over several shards, lease revokes on every shard)."),
+    ("aborted", "Aborts this member's coordinator proposed (a conflict, a refused "
+                "prepare, a lost decision)."),
+    ("retries", "Multi-shard Txn attempts prepared again after an abort."),
+    ("resolved", "Intents of other coordinators' Txns this member resolved (a reader, "
+                 "a writer or the recovery pass met them past their deadline)."),
+    ("reserve_rounds", "RESERVE rounds run to agree on one revision (older formats)."),
+)
+"""The coordinator's counters (``xcoord.Coordinator.stats``), as ``accord_xtxn_*_total``."""
 
 _ROLE_NAMES = {Role.FOLLOWER: "follower", Role.PRE_CANDIDATE: "pre_candidate",
                Role.CANDIDATE: "candidate", Role.LEADER: "leader"}
@@ -466,6 +477,8 @@ class NodeCollector(Collector):
                        "Watchers cancelled because their client fell too far behind.",
                        sum(sm.watch_hub.slow_cancels for sm in node.machines))
         yield _gauge("accord_leases", "Leases granted and not yet expired or revoked.", leases)
+        for field, doc in XTXN_COUNTERS:
+            yield _counter(f"accord_xtxn_{field}_total", doc, node.backend.xcoord.stats[field])
         alarms = GaugeMetricFamily("accord_alarms", "Alarms raised in the cluster, by type.",
                                    labels=["alarm"])
         for name, n in Counter(raised_alarms(node.backend)).items():

@@ -92,6 +92,7 @@ from accord.services.kv.errors import EtcdError
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.servicer import fill_header
 from accord.services.kv.shardwatch import ShardedWatchHub
+from accord.services.kv.txnplan import TxnPlan
 
 KV = "/etcdserverpb.KV/"
 RANGE_TOPS = "/accord.worker/RangeTops"
@@ -879,8 +880,9 @@ class WorkerRouter:
             for w, s in by_worker.items()))
         compares = [[[(bool(f), bool(k)) for f, k in row] for row in shard]
                     for per_worker, _c in answers for shard in per_worker]
-        path = xtxn.path_of(req, xtxn.combine(req, compares))
-        err = xtxn.first_error(req, path, {}, rev + 1, max(int(c) for _p, c in answers))
+        plan = TxnPlan(req)
+        path = xtxn.path_of(plan, xtxn.combine(plan, compares))
+        err = xtxn.first_error(plan, path, {}, rev + 1, max(int(c) for _p, c in answers))
         if err is not None:
             raise err
         reads = await asyncio.gather(*(
@@ -904,12 +906,12 @@ class WorkerRouter:
         """This worker's ``shards``' compares of the read-only Txn ``raw`` at ``rev``
         (each shard's, in order: ``xtxn.partial_compares``) and their highest compaction."""
         b = self.backend
-        req = rpc_pb2.TxnRequest.FromString(raw)
+        plan = TxnPlan(rpc_pb2.TxnRequest.FromString(raw))
         for s in shards:
             b._check_local(s)
-        ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
+        ranges = [KeyRange.of(k, e) for k, e in plan.ranges]
         await self._settle_at(shards, ranges, rev, fenced)
-        each = [b.machines[s].read_share(req, min(rev, int(b.machines[s].revision)))[0]
+        each = [b.machines[s].read_share(plan, min(rev, int(b.machines[s].revision)))[0]
                 for s in shards]
         return each, max(int(b.machines[s].compact_revision) for s in shards)
 

@@ -22,6 +22,7 @@ from accord.node.config import Config, ConfigError
 from accord.node.server import Node
 from accord.proto import rpc_pb2, rpc_pb2_grpc
 from accord.services.checkpoints.checksum import of_bytes
+from accord.services.kv import sharding
 from tests.integration.cluster import free_ports
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -154,6 +155,22 @@ async def test_metrics_follow_the_node(tmp_path: Path) -> None:
         assert v(other, "etcd_debugging_mvcc_keys_total") == 0
         assert ("grpc_server_handled_total", tuple(sorted({**put, "grpc_code": "OK"}.items()))) \
             not in other
+        # a Txn over both KV shards, run by this node's coordinator (which also ran the
+        # revoke of the checkpoint coordinator's lease, on every shard at one revision)
+        assert v(after, "accord_xtxn_committed_total") == 0
+        assert v(saved, "accord_xtxn_committed_total") == 1
+        one, two = (next(k for k in (f"/x{i}/k".encode() for i in range(64))
+                         if sharding.shard_of(k, 2) == s) for s in (0, 1))
+        async with channel(a) as ch:
+            resp = await rpc_pb2_grpc.KVStub(ch).Txn(rpc_pb2.TxnRequest(success=[
+                rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=k, value=b"v"))
+                for k in (one, two)]), timeout=10)
+        assert resp.succeeded
+        crossed = await scrape(a)
+        assert v(crossed, "accord_xtxn_committed_total") == 2
+        assert v(crossed, "accord_xtxn_aborted_total") == 0
+        assert v(crossed, "accord_xtxn_retries_total") == 0
+        assert v(other, "accord_xtxn_committed_total") == 0
 
 
 async def test_health_endpoints_and_grpc_health_agree(tmp_path: Path) -> None:

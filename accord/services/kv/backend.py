@@ -44,6 +44,7 @@ from accord.services.kv.ranges import KeyRange
 from accord.services.kv.revorder import RevisionOrder
 from accord.services.kv.shardwatch import ShardedWatchHub as ShardedWatchHubType
 from accord.services.kv.shardwatch import chase_floor
+from accord.services.kv.txnplan import TxnPlan, all_ranges
 from accord.services.kv.xcoord import Coordinator
 
 if TYPE_CHECKING:
@@ -745,7 +746,7 @@ class StateMachineBackend(ABC):
             start = self.read_start()
             await self.read_barrier(shard)
             if sm.intents.intents:
-                ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
+                ranges = [KeyRange.of(k, e) for k, e in all_ranges(req)]
                 await self._wait_one_shard_read(shard, ranges, 0, start)
             read: rpc_pb2.TxnResponse = sm.read_txn(req)
             if start > read.header.revision:
@@ -780,13 +781,14 @@ class StateMachineBackend(ABC):
         start = self.read_start()
         await self._each(shards, self.read_barrier)
         rev = start or max(self.machines[s].revision for s in shards)
-        ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
+        plan = TxnPlan(req)
+        ranges = [KeyRange.of(k, e) for k, e in plan.ranges]
         rev = await self._read_revision(shards, ranges, rev, True, start)
         # A shard behind ``rev`` is fenced or floored there: its latest is its state at rev.
-        shares = [self.machines[s].read_share(req, min(rev, self.machines[s].revision))
+        shares = [self.machines[s].read_share(plan, min(rev, self.machines[s].revision))
                   for s in shards]
-        path = xtxn.path_of(req, xtxn.combine(req, [c for c, _read in shares]))
-        err = xtxn.first_error(req, path, {}, rev + 1,
+        path = xtxn.path_of(plan, xtxn.combine(plan, [c for c, _read in shares]))
+        err = xtxn.first_error(plan, path, {}, rev + 1,
                                max(self.machines[s].compact_revision for s in shards))
         if err is not None:
             raise err

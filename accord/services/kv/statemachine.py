@@ -49,6 +49,7 @@ from accord.services.kv.ops import Executor
 from accord.services.kv.pbwire import varint
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.revorder import noop_floor
+from accord.services.kv.txnplan import TxnPlan, plan_of
 from accord.services.kv.watchhub import Change, WatchHub
 
 SNAPSHOT_FORMAT = 1
@@ -333,8 +334,9 @@ class KVStateMachine:
             if txn.is_read_only(tr):
                 return self._exec.txn(None, tr)
             if self._x.intents:
-                self._check_free([KeyRange.of(k, e) for k, e in xtxn.all_ranges(tr)])
-                self._check_lease_free(xtxn.put_leases(tr, lambda _k: True))
+                plan = TxnPlan(tr)
+                self._check_free([KeyRange.of(k, e) for k, e in plan.ranges])
+                self._check_lease_free({lease for _o, _k, lease, _i in plan.puts if lease})
             return self._write(cmd.min_revision, lambda wt: self._exec.txn(wt, tr))
         if kind == Kind.FLOOR:
             self._store.raise_floor(cmd.min_revision)
@@ -576,7 +578,7 @@ class KVStateMachine:
         now_ms: int, request: bytes,
     ) -> xcommands.Prepared:
         store, x = self._store, self._x
-        req = _parse(rpc_pb2.TxnRequest, request)
+        plan = plan_of(request)
         if shard == record:
             x.expire_records(now_ms)
             if txn_id in x.records:
@@ -587,20 +589,18 @@ class KVStateMachine:
             rev = store.striped(-rev, record)
         else:
             rev = max(rev, store.rev + 1)  # the candidate, or the lowest this shard can give
-        ranges = xtxn.intent_ranges(req, shard, shards, sharding.shards_of_range)
-        if x.blocking_any(ranges) is not None:
+        part = plan.part(shard, shards)
+        ranges, leases = part.ranges, part.leases
+        if x.intents and (x.blocking_any(ranges) is not None
+                          or x.revoking(leases) is not None):
             return xcommands.Prepared(False, "conflict", store.rev)
 
         def owns(key: bytes) -> bool:
             return sharding.shard_of(key, shards) == shard
 
-        leases = xtxn.put_leases(req, owns)
-        if x.intents and x.revoking(leases) is not None:
-            return xcommands.Prepared(False, "conflict", store.rev)
-
         answer = xcommands.Prepared(
-            True, "", rev, xtxn.partial_compares(store, req, store.rev),
-            xtxn.put_checks(self._exec, req, owns), max(0, store.compact_rev),
+            True, "", rev, xtxn.partial_compares(store, plan, store.rev),
+            xtxn.put_checks(self._exec, plan, owns), max(0, store.compact_rev),
         )
         x.intents[txn_id] = Intent(txn_id, rev, record, deadline_ms, ranges, leases, request)
         if shard == record:
@@ -627,26 +627,26 @@ class KVStateMachine:
         rec = x.records.get(txn_id)
         if rec is not None:  # a resolver's tombstone came first (or this entry again)
             return xcommands.Prepared(False, "decided", store.rev)
-        req = _parse(rpc_pb2.TxnRequest, request)
-        ranges = xtxn.intent_ranges(req, record, shards, sharding.shards_of_range)
+        plan = plan_of(request)
+        part = plan.part(record, shards)
 
         def owns(key: bytes) -> bool:
             return sharding.shard_of(key, shards) == record
 
-        if x.intents and (x.blocking_any(ranges) is not None
-                          or x.revoking(xtxn.put_leases(req, owns)) is not None):
+        if x.intents and (x.blocking_any(part.ranges) is not None
+                          or x.revoking(part.leases) is not None):
             return xcommands.Prepared(False, "conflict", store.rev)
-        own = xtxn.partial_compares(store, req, store.rev)
+        own = xtxn.partial_compares(store, plan, store.rev)
         others = [[(bool(f), bool(k)) for f, k in row] for row in compares]
-        path = xtxn.path_of(req, xtxn.combine(req, [own, others] if others else [own]))
+        path = xtxn.path_of(plan, xtxn.combine(plan, [own, others] if others else [own]))
         found = {int(o): str(m) for o, m in checks}
-        found.update(xtxn.put_checks(self._exec, req, owns))
+        found.update(xtxn.put_checks(self._exec, plan, owns))
         rev = want if self.broken_decide_at_want else store.striped(max(want, -stamp), record)
-        err = xtxn.first_error(req, path, found, rev, max(compact_rev, store.compact_rev))
+        err = xtxn.first_error(plan, path, found, rev, max(compact_rev, store.compact_rev))
         if err is not None:
             return xcommands.Prepared(False, "invalid", store.rev, error=err)
         x.records[txn_id] = Record(txn_id, COMMITTED, rev, deadline_ms, tuple(path), rev)
-        wt, resp, error = self._share_at(rev, req, path, owns)
+        wt, resp, error = self._share_at(rev, plan, path, owns)
         self._commit(wt)
         store.raise_floor(rev)
         return xcommands.Committed(resp, xcommands.Decision(COMMITTED, tuple(path), rev), error)
@@ -768,12 +768,12 @@ class KVStateMachine:
             return xcommands.Committed(None, decision)
         if intent.revoke:
             return xcommands.Committed(self._x_revoke_share(intent), decision)
-        req = _parse(rpc_pb2.TxnRequest, intent.request)
+        plan = plan_of(intent.request)
 
         def owns(key: bytes) -> bool:
             return sharding.shard_of(key, shards) == shard
 
-        wt, resp, error = self._share_at(rev, req, path, owns)
+        wt, resp, error = self._share_at(rev, plan, path, owns)
         del x.intents[txn_id]
         self._commit_at(wt)
         self._store.raise_floor(rev)  # a decided revision above this shard's: move up to it
@@ -781,13 +781,13 @@ class KVStateMachine:
         self._release()
         return xcommands.Committed(resp, decision, error)
 
-    def _share_at(self, rev: int, req: rpc_pb2.TxnRequest, path: Any,
+    def _share_at(self, rev: int, plan: TxnPlan, path: Any,
                   owns: Callable[[bytes], bool]) -> tuple[WriteTxn, Any, Any]:
         """Run this shard's share of a decided multi-shard Txn as a write at ``rev`` (not
         committed yet; rolled back if it raises): the write, the responses, the error."""
         wt = self._store.begin_at(rev)
         try:
-            resp, error = xtxn.run_share(self._exec, wt, req, path, owns)
+            resp, error = xtxn.run_share(self._exec, wt, plan, path, owns)
         except BaseException:
             wt.rollback()
             raise
@@ -868,13 +868,13 @@ class KVStateMachine:
         return self._exec.range(req, self._store.rev)
 
     def read_share(
-        self, req: rpc_pb2.TxnRequest, rev: int
+        self, plan: TxnPlan, rev: int
     ) -> tuple[list[list[tuple[bool, bool]]], Callable[[list[bool]], rpc_pb2.TxnResponse]]:
         """A read-only multi-shard Txn's part here at ``rev``: this shard's partial
         compares (``xtxn.partial_compares``) and a function of the branch path that reads
         this shard's part of the taken ranges (``xtxn.read_share``)."""
-        return (xtxn.partial_compares(self._store, req, rev),
-                lambda path: self.read_branch(req, path, rev))
+        return (xtxn.partial_compares(self._store, plan, rev),
+                lambda path: self.read_branch(plan.req, path, rev))
 
     def read_branch(self, req: rpc_pb2.TxnRequest, path: Sequence[bool],
                     rev: int) -> rpc_pb2.TxnResponse:

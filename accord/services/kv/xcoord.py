@@ -27,6 +27,7 @@ from accord.services.kv.intents import COMMITTED, Intent
 from accord.services.kv.limits import Limits
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.statemachine import KVStateMachine
+from accord.services.kv.txnplan import TxnPlan, all_ranges, plan_of
 
 TXN_TIMEOUT_MS = 5_000
 """An intent's deadline after its prepare: past it, anyone may resolve it."""
@@ -104,7 +105,7 @@ class Coordinator:
 
     async def _stop_at(self, step: str, req: rpc_pb2.TxnRequest) -> None:
         if self.failpoint == step and any(
-                k.startswith(FAILPOINT_PREFIX) for k, _e in xtxn.all_ranges(req)):
+                k.startswith(FAILPOINT_PREFIX) for k, _e in all_ranges(req)):
             await asyncio.Event().wait()
 
     def _now(self) -> int:
@@ -123,6 +124,7 @@ class Coordinator:
         record, n = shards[0], self.parts.shards
         others = shards[1:]
         request = req.SerializeToString()
+        plan = plan_of(request)  # kept: this member's applies of the Txn find it
         machines = self.parts.machines
         floor = 0
         loop = asyncio.get_running_loop()
@@ -152,7 +154,7 @@ class Coordinator:
                 if failure is not None:
                     raise failure
                 if any(a.reason == "conflict" for a in prepared):
-                    await self._wait_out(req, shards, attempt)
+                    await self._wait_out(plan, shards, attempt)
                 if loop.time() > give_up:
                     break
                 continue
@@ -162,7 +164,7 @@ class Coordinator:
                 if self.broken_resolve_first:
                     # The broken variant: the participants' writes land before the decision
                     # (along the branch their own compares point to).
-                    guess = xtxn.path_of(req, xtxn.combine(req, [a.compares for a in prepared]))
+                    guess = xtxn.path_of(plan, xtxn.combine(plan, [a.compares for a in prepared]))
                     await asyncio.gather(*(self.parts.commit(
                         _commit(txn_id, guess, s, n, now, want), s) for s in others))
                 checks: dict[int, str] = {}
@@ -178,7 +180,7 @@ class Coordinator:
                         raise first.error
                     self.stats["retries"] += 1
                     if first.reason == "conflict":
-                        await self._wait_out(req, [record], attempt)
+                        await self._wait_out(plan, [record], attempt)
                     if loop.time() > give_up:
                         break
                     continue
@@ -193,11 +195,11 @@ class Coordinator:
                     continue
                 rev, at = settled, 0
                 await self._stop_at("after-prepare", req)
-                path = xtxn.path_of(req, xtxn.combine(req, [a.compares for a in prepared]))
+                path = xtxn.path_of(plan, xtxn.combine(plan, [a.compares for a in prepared]))
                 checks = {}
                 for a in prepared:
                     checks.update(a.checks)
-                err = xtxn.first_error(req, path, checks, rev,
+                err = xtxn.first_error(plan, path, checks, rev,
                                        max(a.compact_rev for a in prepared))
                 if err is not None:
                     await self._abort(txn_id, shards)
@@ -215,7 +217,7 @@ class Coordinator:
                     continue
             await self._stop_at("after-decision", req)
             rest_of = [] if self.broken_resolve_first else others
-            if rest_of and not _needs_others(req, path, record, n):
+            if rest_of and not _needs_others(plan, path, record, n):
                 # The answer holds nothing but the revision from the other shards: give
                 # it now (the decision is durable) and finish them in the background; a
                 # read or write that meets their intents meanwhile waits for the commit.
@@ -248,11 +250,10 @@ class Coordinator:
             "keys and gave up; retry it",
         )
 
-    async def _wait_out(self, req: rpc_pb2.TxnRequest, shards: Sequence[int],
-                        attempt: int) -> None:
+    async def _wait_out(self, plan: TxnPlan, shards: Sequence[int], attempt: int) -> None:
         """After a conflict: wait until no intent holds the Txn's keys on ``shards``, then
         a short random backoff (nobody waits while holding, so no deadlock)."""
-        ranges = [KeyRange.of(k, e) for k, e in xtxn.all_ranges(req)]
+        ranges = [KeyRange.of(k, e) for k, e in plan.ranges]
         await asyncio.gather(*(self.wait_free(s, ranges) for s in shards))
         await asyncio.sleep(random.uniform(0, 0.002 * min(attempt + 1, 10)))
 
@@ -419,10 +420,10 @@ def _commit(txn_id: int, path: list[bool], shard: int, shards: int, now: int,
     return xcommands.encode_commit(txn_id, path, shard, shards, now)
 
 
-def _needs_others(req: rpc_pb2.TxnRequest, path: Sequence[bool], record: int, n: int) -> bool:
+def _needs_others(plan: TxnPlan, path: Sequence[bool], record: int, n: int) -> bool:
     """Whether the answer of ``req`` along ``path`` needs a shard other than ``record``:
     a range or a delete (their results), or a put with prev_kv of a key held elsewhere."""
-    for _o, op in xtxn.taken_ops(req, path):
+    for _o, op in plan.taken(path):
         which = op.WhichOneof("request")
         if which in ("request_range", "request_delete_range"):
             return True

@@ -13,6 +13,9 @@ depth first. "Node" numbers and "op" numbers below count in that order.
 * :func:`put_checks` (on a participant) and :func:`first_error` (on the coordinator):
   etcd's ``checkRequests`` along the taken path, puts first, then ranges;
 * :func:`run_share` (on a participant, at commit) and :func:`merge` (on the coordinator).
+
+The functions a participant's apply runs take the request as a :class:`TxnPlan`
+(``txnplan.py``): walked once, shared by the entries of one Txn on one member.
 """
 
 from __future__ import annotations
@@ -26,44 +29,28 @@ from accord.services.kv.limits import Limits
 from accord.services.kv.mvcc import MVCCStore, WriteTxn
 from accord.services.kv.ops import Executor
 from accord.services.kv.ranges import KeyRange
+from accord.services.kv.txnplan import TxnPlan, nodes
 
 Compare = rpc_pb2.Compare
 
 
-def nodes(req: rpc_pb2.TxnRequest) -> list[rpc_pb2.TxnRequest]:
-    """Every Txn node of the tree (``req`` first), in the fixed order."""
-    out = [req]
-    for branch in (req.success, req.failure):
-        for op in branch:
-            if op.WhichOneof("request") == "request_txn":
-                out.extend(nodes(op.request_txn))
-    return out
-
-
-def ops(req: rpc_pb2.TxnRequest) -> list[rpc_pb2.RequestOp]:
-    """Every non-Txn op of the tree, in the fixed order (the op numbers)."""
-    out: list[rpc_pb2.RequestOp] = []
-    for branch in (req.success, req.failure):
-        for op in branch:
-            if op.WhichOneof("request") == "request_txn":
-                out.extend(ops(op.request_txn))
-            else:
-                out.append(op)
-    return out
-
-
 def partial_compares(
-    store: MVCCStore, req: rpc_pb2.TxnRequest, rev: int
+    store: MVCCStore, plan: TxnPlan, rev: int
 ) -> list[list[tuple[bool, bool]]]:
     """Per node, per compare: ``(found a key here, every key found here satisfies it)``."""
     out = []
-    for node in nodes(req):
+    compare_one = txn._compare_one
+    for node in plan.compares:
         row = []
-        for cmp in node.compare:
+        for key, end, cmp in node:
+            if not end:  # one key: a lookup
+                rec = store.get(key, rev)
+                row.append((False, True) if rec is None else (True, compare_one(cmp, rec)))
+                continue
             found, ok = False, True
-            for _key, rec in store.scan(KeyRange.of(cmp.key, cmp.range_end), rev):
+            for _key, rec in store.scan(KeyRange.of(key, end), rev):
                 found = True
-                if not txn._compare_one(cmp, rec):
+                if not compare_one(cmp, rec):
                     ok = False
                     break
             row.append((found, ok))
@@ -72,14 +59,14 @@ def partial_compares(
 
 
 def combine(
-    req: rpc_pb2.TxnRequest, parts: Sequence[Sequence[Sequence[tuple[bool, bool]]]]
+    plan: TxnPlan, parts: Sequence[Sequence[Sequence[tuple[bool, bool]]]]
 ) -> list[bool]:
     """Per node: whether all its compares hold, from every participant's
     :func:`partial_compares` (etcd's rule for a compare over keys none holds)."""
     out = []
-    for n, node in enumerate(nodes(req)):
+    for n, node in enumerate(plan.compares):
         holds = True
-        for c, cmp in enumerate(node.compare):
+        for c, (_key, _end, cmp) in enumerate(node):
             found = any(p[n][c][0] for p in parts)
             ok = all(p[n][c][1] for p in parts)
             if found:
@@ -109,18 +96,12 @@ def fold_partials(
     ]
 
 
-def _count_nodes(req: rpc_pb2.TxnRequest) -> int:
-    return sum(1 for _ in nodes(req))
-
-
-def _count_ops(req: rpc_pb2.TxnRequest) -> int:
-    return sum(1 for _ in ops(req))
-
-
-def path_of(req: rpc_pb2.TxnRequest, holds: Sequence[bool]) -> list[bool]:
+def path_of(plan: TxnPlan, holds: Sequence[bool]) -> list[bool]:
     """The branch path (``txn.path``'s answer) from :func:`combine`'s per-node results."""
+    if plan.flat:
+        return [holds[0]]
     out: list[bool] = []
-    _path(req, holds, 0, out)
+    _path(plan.req, holds, 0, out)
     return out
 
 
@@ -135,49 +116,25 @@ def _path(req: rpc_pb2.TxnRequest, holds: Sequence[bool], n: int, out: list[bool
             if taken:
                 n = _path(op.request_txn, holds, n, out)
             else:
-                n += _count_nodes(op.request_txn)
+                n += len(nodes(op.request_txn))
     return n
 
 
-def taken_ops(req: rpc_pb2.TxnRequest, path: Sequence[bool]) -> list[tuple[int, rpc_pb2.RequestOp]]:
+def taken_ops(plan: TxnPlan, path: Sequence[bool]) -> list[tuple[int, rpc_pb2.RequestOp]]:
     """``(op number, op)`` of the ops the path runs, in execution order."""
-    out: list[tuple[int, rpc_pb2.RequestOp]] = []
-    _taken(req, path, [0], 0, out)
-    return out
-
-
-def _taken(
-    req: rpc_pb2.TxnRequest, path: Sequence[bool], p: list[int], o: int,
-    out: list[tuple[int, rpc_pb2.RequestOp]],
-) -> int:
-    ok = path[p[0]]
-    p[0] += 1
-    for branch, taken in ((req.success, ok), (req.failure, not ok)):
-        for op in branch:
-            nested = op.WhichOneof("request") == "request_txn"
-            if not taken:
-                o += _count_ops(op.request_txn) if nested else 1
-            elif nested:
-                o = _taken(op.request_txn, path, p, o, out)
-            else:
-                out.append((o, op))
-                o += 1
-    return o
+    return plan.taken(path)
 
 
 def put_checks(
-    ex: Executor, req: rpc_pb2.TxnRequest, owns: Callable[[bytes], bool]
+    ex: Executor, plan: TxnPlan, owns: Callable[[bytes], bool]
 ) -> dict[int, str]:
     """etcd's state checks of every put this shard holds: ``{op number: error message}``."""
     out: dict[int, str] = {}
-    for o, op in enumerate(ops(req)):
-        if op.WhichOneof("request") != "request_put":
-            continue
-        p = op.request_put
-        if not owns(p.key):
+    for o, key, lease, ignore in plan.puts:
+        if not owns(key):
             continue
         try:
-            ex.check_put_values(p.key, p.lease, p.ignore_value or p.ignore_lease, in_txn=True)
+            ex.check_put_values(key, lease, ignore, in_txn=True)
         except EtcdError as e:
             out[o] = e.message
     return out
@@ -187,18 +144,20 @@ _BY_MESSAGE = {e.message: e for e in (errors.KEY_NOT_FOUND, errors.LEASE_NOT_FOU
 
 
 def first_error(
-    req: rpc_pb2.TxnRequest, path: Sequence[bool], checks: dict[int, str], rev: int,
+    plan: TxnPlan, path: Sequence[bool], checks: dict[int, str], rev: int,
     compact_rev: int,
 ) -> EtcdError | None:
     """The error etcd's ``checkRequests`` raises along ``path`` (every put's state, then
     every range's revision), given the participants' :func:`put_checks`, the revision the
     Txn commits at and the highest compaction among them; None if there is none."""
-    taken = taken_ops(req, path)
+    taken = plan.taken(path)
+    kinds = plan.kinds
+    if checks:
+        for o, _op in taken:
+            if o in checks and kinds[o] == "request_put":
+                return _BY_MESSAGE.get(checks[o], errors.bad_request(checks[o]))
     for o, op in taken:
-        if op.WhichOneof("request") == "request_put" and o in checks:
-            return _BY_MESSAGE.get(checks[o], errors.bad_request(checks[o]))
-    for _o, op in taken:
-        if op.WhichOneof("request") == "request_range":
+        if kinds[o] == "request_range":
             r = op.request_range.revision
             if r >= rev:
                 return errors.FUTURE_REV
@@ -208,7 +167,7 @@ def first_error(
 
 
 def run_share(
-    ex: Executor, wt: WriteTxn, req: rpc_pb2.TxnRequest, path: Sequence[bool],
+    ex: Executor, wt: WriteTxn, plan: TxnPlan, path: Sequence[bool],
     owns: Callable[[bytes], bool],
 ) -> tuple[rpc_pb2.TxnResponse, EtcdError | None]:
     """This shard's share of the taken path, written in ``wt`` (at the Txn's revision):
@@ -220,7 +179,7 @@ def run_share(
     resp = rpc_pb2.TxnResponse()
     failed: list[EtcdError] = []
     tags: list[int] = []
-    _run(ex, wt, wt.rev, req, path, [0], owns, resp, failed, tags, [0])
+    _run(ex, wt, wt.rev, plan.req, path, [0], owns, resp, failed, tags, [0])
     wt.retag(tags)
     resp.header.revision = wt.rev
     return resp, (failed[0] if failed else None)
@@ -332,39 +291,3 @@ def _merge(
             _merge(op.request_txn, path, p,
                    {s: m.response_txn for s, m in mine.items()}, rev, limits, shard_of,
                    out.response_txn)
-
-
-def all_ranges(req: rpc_pb2.TxnRequest) -> list[tuple[bytes, bytes]]:
-    """``(key, range_end)`` of every compare and op of the tree (all branches)."""
-    pairs: list[tuple[bytes, bytes]] = []
-    for node in nodes(req):
-        pairs.extend((c.key, c.range_end) for c in node.compare)
-        for op in (*node.success, *node.failure):
-            which = op.WhichOneof("request")
-            if which == "request_range":
-                pairs.append((op.request_range.key, op.request_range.range_end))
-            elif which == "request_put":
-                pairs.append((op.request_put.key, b""))
-            elif which == "request_delete_range":
-                pairs.append((op.request_delete_range.key, op.request_delete_range.range_end))
-    return pairs
-
-
-def intent_ranges(
-    req: rpc_pb2.TxnRequest, shard: int, shards: int, shards_of_range: Callable[..., list[int]]
-) -> tuple[KeyRange, ...]:
-    """Every key range of the Txn (all branches) that ``shard`` may hold."""
-    held: dict[tuple[bytes, bytes], None] = {}  # in order, once each
-    for pair in all_ranges(req):
-        if pair not in held and shard in shards_of_range(pair[0], pair[1], shards):
-            held[pair] = None
-    return tuple(KeyRange.of(key, end) for key, end in held)
-
-
-def put_leases(req: rpc_pb2.TxnRequest, owns: Callable[[bytes], bool]) -> frozenset[int]:
-    """The leases the Txn's puts on this shard use (all branches)."""
-    return frozenset(
-        op.request_put.lease for op in ops(req)
-        if op.WhichOneof("request") == "request_put" and op.request_put.lease
-        and owns(op.request_put.key)
-    )
