@@ -30,6 +30,7 @@ from accord.services.kv.backend import nth_latest
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.sharding import shard_of
 from accord.services.kv.statemachine import KVStateMachine
+from accord.services.kv.txnplan import TxnPlan
 
 SHARDS = 4
 PLAN = WorkerPlan(2, SHARDS)
@@ -81,8 +82,8 @@ class LocalOnly(WorkerRouter):
     async def _txn_step(self, worker: int, method: str, fields: list[Any],
                         local: Any) -> Any:
         raw, shards, rev, last = fields
-        req = pb.TxnRequest.FromString(raw)
-        shares = [self.backend.machines[s].read_share(req, rev) for s in shards]
+        plan = TxnPlan(pb.TxnRequest.FromString(raw))
+        shares = [self.backend.machines[s].read_share(plan, rev) for s in shards]
         if method.endswith("TxnCompares"):
             return [c for c, _read in shares], 0
         return [read(last).SerializeToString() for _c, read in shares]
