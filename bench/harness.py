@@ -25,12 +25,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -38,6 +40,7 @@ if str(ROOT) not in sys.path:
 
 from accord.client.tls import TLSOptions, sync_channel  # noqa: E402
 from accord.node.certs import CertFiles, make_cluster_pki  # noqa: E402
+from accord.node.config import METRICS_PORT_OFFSET  # noqa: E402
 from accord.proto import auth_pb2, rpc_pb2  # noqa: E402
 from accord.proto import rpc_pb2_grpc as _rpc_grpc  # noqa: E402
 from accord.testing import free_port_blocks  # noqa: E402
@@ -388,6 +391,23 @@ class AccordCluster(Cluster):
             self.initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
             for m in self.members:
                 m.argv = self.argv(m)
+
+    def counters(self, names: tuple[str, ...]) -> dict[str, float]:
+        """The sums over the members of the named counters (their ``/metrics`` over
+        plain HTTP on the default metrics port); empty under TLS or with workers, where
+        the metrics are elsewhere."""
+        if self.client_tls is not None or self.workers > 1:
+            return {}
+        out = dict.fromkeys(names, 0.0)
+        for m in self.members:
+            url = f"http://{HOST}:{m.client_port + METRICS_PORT_OFFSET}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                text = r.read().decode()
+            for fam in text_string_to_metric_families(text):
+                for sample in fam.samples:
+                    if sample.name in out and not sample.labels:
+                        out[sample.name] += sample.value
+        return out
 
     def argv(self, m: Member) -> list[str]:
         return [

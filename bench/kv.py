@@ -21,6 +21,10 @@ system goes first) and reports medians over the rounds:
   of every member before and after loading ``--mem-keys`` distinct 256-byte keys
   (default 50,000, not a million, to keep the run short), extrapolated linearly to MiB
   per million keys;
+* accord's work per operation of every cell (from its ``/metrics`` and ``/proc`` around
+  each run, medians over the rounds): CPU of all members, Raft entries each member
+  applies, Raft messages and WAL writes of all members, cross-shard Txn retries: what a
+  ratio is made of (a cross-shard Txn is three entries, ``docs/txn.md``);
 * ``--profile S``: py-spy samples accord's leader for S seconds under put:256
   (``--profile-cell watch:1000`` for another cell);
 * ``--auth``: an etcd and an accord with auth on (a user whose role has readwrite on
@@ -61,6 +65,7 @@ from bench.harness import (  # noqa: E402
     Cluster,
     EtcdCluster,
     Harness,
+    cpu_seconds,
     enable_auth,
     machine,
 )
@@ -73,6 +78,14 @@ NULL_WORKLOADS = {"put", "get", "watch"}
 FLOOR_CELLS = {"put:1", "get:1"}
 """Cells also run on the do-nothing quorum servers (``bench/nullquorum.py``)."""
 MIB = 1 << 20
+WORK_COUNTERS = (
+    ("etcd_server_proposals_committed_total", "entries"),
+    ("accord_transport_msgs_sent_total", "raft_msgs"),
+    ("accord_wal_writes_total", "wal_writes"),
+    ("accord_xtxn_retries_total", "xtxn_retries"),
+)
+"""accord's counters :func:`work_per_op` turns into work per operation (summed over the
+members; ``entries``: per member, the Raft entries each applies)."""
 TLS_CELLS = "put:1,get:1,put:256"
 TLS_SYSTEMS = ("etcd tls", "accord tls")
 AUTH_CELLS = "put:1,get:1,put:256"
@@ -150,6 +163,21 @@ def profile_accord(lg: LoadGen, c: Cluster, spec: Spec, seconds: float, out_dir:
             "accord_inclusive": [[f, round(p, 2)] for f, p in incl]}
 
 
+def work_per_op(c: Cluster, before: dict[str, float], after: dict[str, float], cpu: float,
+                ops: int) -> dict[str, float]:
+    """What accord did per operation of a cell, from its counters before and after the
+    run (the cell's setup included, which the cells measured here keep small): CPU of
+    all members (us), Raft entries applied by each member, Raft messages sent and WAL
+    writes of all members, cross-shard Txn retries."""
+    if not before or ops <= 0:
+        return {}
+    out = {"cpu_us": cpu * 1e6 / ops}
+    for name, key in WORK_COUNTERS:
+        delta = after.get(name, 0.0) - before.get(name, 0.0)
+        out[key] = delta / ops / (len(c.members) if key == "entries" else 1)
+    return out
+
+
 def fmt(x: float, digits: int = 2) -> str:
     return "-" if x != x else f"{x:.{digits}f}"
 
@@ -198,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     results: dict[tuple[str, str], list[Result]] = {}
+    work: dict[str, list[dict[str, float]]] = {}
+    names = tuple(n for n, _k in WORK_COUNTERS)
     out: dict[str, Any] = {"bench": "kv", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "machine": machine(), "duration_s": args.duration, "reps": args.reps,
                            "workers": args.workers}
@@ -242,7 +272,15 @@ def main(argv: list[str] | None = None) -> int:
                     spec = spec_for(cell, ordered_endpoints(c), args, name, rep)
                     spec.tls = tls_files(c)
                     spec.token = tokens.get(name, "")
+                    counted = c if name == "accord" and isinstance(c, AccordCluster) else None
+                    before = counted.counters(names) if counted else {}
+                    cpu = sum(cpu_seconds(p) for p in c.pids) if counted else 0.0
                     r = lg.run(spec)
+                    if counted:
+                        cpu = sum(cpu_seconds(p) for p in c.pids) - cpu
+                        w = work_per_op(c, before, counted.counters(names), cpu, r.ops)
+                        if w:
+                            work.setdefault(cell, []).append(w)
                     results.setdefault((cell, name), []).append(r)
                     print(f"  round {rep + 1} {cell:<10} {name:<15} {r.ops_s:9.0f} ops/s "
                           f"p50 {fmt(r.p50_ms)} p99 {fmt(r.p99_ms)} ms errors {r.errors}",
@@ -309,6 +347,18 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(n.get('ops_s', nan), 0):>11}{fmt(t_ratio):>9}{fmt(p_ratio):>8}"
               f"{fmt(n_ratio):>7}")
     print("(watch: ops/s = events delivered/s, p99 = delivery latency; lease: keepalives/s)")
+    if work:
+        print("\naccord's work per operation (medians; CPU, messages and WAL writes of all "
+              "members, entries of each):")
+        print(f"{'cell':<11}{'CPU us':>9}{'entries':>9}{'raft msgs':>11}{'WAL writes':>12}"
+              f"{'xtxn retries':>14}")
+        for cell in cells:
+            if cell not in work:
+                continue
+            w = {k: median([x[k] for x in work[cell]]) for k in work[cell][0]}
+            table[cell].setdefault("accord", {})["work"] = w
+            print(f"{cell:<11}{w['cpu_us']:>9.0f}{w['entries']:>9.2f}{w['raft_msgs']:>11.2f}"
+                  f"{w['wal_writes']:>12.2f}{w['xtxn_retries']:>14.3f}")
     for cell in cells:
         f = table[cell].get("floor")
         if f:
