@@ -62,7 +62,6 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import crc32c
 import grpc
 import msgpack
 
@@ -82,55 +81,36 @@ from accord.node.forwardstream import StreamOwner, StreamPuller
 from accord.node.members import DEBUG_GROUPS_METHOD, META_GROUP, groups_report
 from accord.node.placement import WorkerPlan
 from accord.node.workerbackup import WorkerBackups
+from accord.node.workermaint import (
+    COMPACT_PARTS,
+    HASH_CHAIN,
+    HASH_PARTS,
+    LEADERS,
+    REVISION_STATE,
+    REVISIONS_WRITTEN,
+    MaintenanceAcrossWorkers,
+)
+from accord.node.workerreads import (
+    RANGE_PARTS,
+    RANGE_TOPS,
+    TXN_COMPARES,
+    TXN_READS,
+    ReadsAcrossWorkers,
+)
 from accord.node.workerwatch import WatchFeeds, WatchLinks
 from accord.proto import checkpoints_pb2, membership_pb2, rpc_pb2, scheduling_pb2
 from accord.raft.host.multiraft import GroupUnavailable
-from accord.services.kv import errors, fanout, sharding, xcommands, xresults, xtxn
-from accord.services.kv.backend import check_compaction, check_hash_revision, nth_latest
+from accord.services.kv import sharding, xcommands, xresults
 from accord.services.kv.codec import spreads_to_every_shard
 from accord.services.kv.errors import EtcdError
-from accord.services.kv.ranges import KeyRange
 from accord.services.kv.servicer import fill_header
 from accord.services.kv.shardwatch import ShardedWatchHub
-from accord.services.kv.txnplan import TxnPlan
 
 KV = "/etcdserverpb.KV/"
-RANGE_TOPS = "/accord.worker/RangeTops"
-"""Internal: ``[shards, barrier]`` -> the highest revision of those shards (after a
-ReadIndex barrier on each when ``barrier``)."""
-RANGE_PARTS = "/accord.worker/RangeParts"
-"""Internal: ``[RangeRequest, shards, R, serializable]`` -> each shard's answer at R
-(floored there first unless serializable)."""
-TXN_COMPARES = "/accord.worker/TxnCompares"
-"""Internal: ``[TxnRequest, shards, R, fenced]`` -> ``[[compares of each shard at R],
-highest compaction]``, each shard floored at R first (unless the read's fence ``fenced``
-holds R) and the intents in the way waited out."""
-TXN_READS = "/accord.worker/TxnReads"
-"""Internal: ``[TxnRequest, shards, R, path]`` -> each shard's part at R of the reads of
-the branches ``path`` takes (after ``TxnCompares`` at the same R)."""
-REVISION_STATE = "/accord.worker/RevisionState"
-"""Internal: ``[shards]`` -> ``[highest revision, highest compaction]`` of those shards
-(what a Compact or a HashKV is checked against)."""
-COMPACT_PARTS = "/accord.worker/CompactParts"
-"""Internal: ``[CompactionRequest, shards]`` -> those shards compacted at its revision
-(each floored there first); the highest revision of their answers."""
-REVISIONS_WRITTEN = "/accord.worker/RevisionsWritten"
-"""Internal: ``[shards, n]`` -> the ``n`` highest revisions each of those shards wrote
-at, together (``StateMachineBackend.revisions_written``; automatic compaction)."""
 COMPACT = f"{KV}Compact"
-HASH_PARTS = "/accord.worker/HashParts"
-"""Internal: ``[revision, shards]`` -> ``[[hash, compaction], ...]`` of those shards."""
 HASH_KV = "/etcdserverpb.Maintenance/HashKV"
 HASH = "/etcdserverpb.Maintenance/Hash"
-HASH_CHAIN = "/accord.worker/HashChain"
-"""Internal: ``[shards, crc]`` -> the CRC-32C ``crc`` continued over those shards'
-images (``ReplicatedBackend.image_crc``): a Hash chained through the workers."""
 MOVE_LEADER = "/etcdserverpb.Maintenance/MoveLeader"
-LEADERS = "/accord.worker/Leaders"
-"""Internal: ``[target, step]`` -> step ``check``: etcd's refusals of a MoveLeader
-(worker 0: the node's leadership is its home group's); ``transfer``: hand the groups
-this worker leads to ``target``; ``move``: both, and wait for the home group's leader
-to be ``target`` (worker 0)."""
 COMMIT_ON = "/accord.worker/Commit"
 """Internal: ``[shard, command]`` -> what applying the format-3 ``command`` (a
 multi-shard Txn's step) or a lease's grant or revoke on that shard of the owner
@@ -241,8 +221,11 @@ class RoutedLockStore(BackendLockStore):
         return int(resp.ID)
 
 
-class WorkerRouter:
-    """Routes this worker's client calls (see the module docstring)."""
+class WorkerRouter(ReadsAcrossWorkers, MaintenanceAcrossWorkers):
+    """Routes this worker's client calls (see the module docstring); the reads over
+    several workers' shards are :class:`~accord.node.workerreads.ReadsAcrossWorkers`',
+    Compact, HashKV, Hash and MoveLeader
+    :class:`~accord.node.workermaint.MaintenanceAcrossWorkers`'."""
 
     def __init__(self, plan: WorkerPlan, index: int, backend: ReplicatedBackend,
                  clients: Mapping[int, ForwardClient]) -> None:
@@ -250,7 +233,6 @@ class WorkerRouter:
         self.index = index
         self.backend = backend
         self.clients = dict(clients)
-        """Worker index -> the client of its forwarding socket (not this worker's own)."""
         self.forwarded = 0
         """Calls this worker handed to another (for tests and a later metric)."""
         self.wait_gone: Callable[[int], Awaitable[bool]] | None = None
@@ -571,7 +553,7 @@ class WorkerRouter:
         self.backend._check_local(shard)
         return await self.backend.commit(command, shard)
 
-    # -- Compact and HashKV: every worker's shards ---------------------------
+    # -- calls served here from every worker's shards ---------------------------
 
     def _across(self, h: grpc.RpcMethodHandler,
                 serve: Callable[[Any], Awaitable[Any]]) -> grpc.RpcMethodHandler:
@@ -589,361 +571,3 @@ class WorkerRouter:
         return grpc.unary_unary_rpc_method_handler(
             across, request_deserializer=h.request_deserializer,
             response_serializer=h.response_serializer)
-
-    async def hash_kv_across(self, req: rpc_pb2.HashKVRequest) -> rpc_pb2.HashKVResponse:
-        """etcd's HashKV over every shard of the node: each worker hashes its own, the
-        hashes combined in shard order as ``StateMachineBackend.hash_kv`` combines them,
-        so members with the same contents answer the same hash whatever their workers."""
-        by_worker = self._by_worker(range(self.plan.shards))
-        states = await asyncio.gather(*(self._revision_state(w, s)
-                                        for w, s in by_worker.items()))
-        top = max(t for t, _c in states)
-        check_hash_revision(req.revision, top, max(c for _t, c in states))
-        answers = await asyncio.gather(*(self._hash_parts(w, req.revision, s)
-                                         for w, s in by_worker.items()))
-        by_shard = {s: part for (_w, shards), parts in zip(by_worker.items(), answers,
-                                                            strict=True)
-                    for s, part in zip(shards, parts, strict=True)}
-        ordered = [by_shard[s] for s in range(self.plan.shards)]
-        resp = rpc_pb2.HashKVResponse(hash=fanout.combine_hashes([h for h, _c in ordered]),
-                                      compact_revision=max(c for _h, c in ordered))
-        resp.header.revision = top
-        return resp
-
-    async def _hash_parts(self, worker: int, revision: int,
-                          shards: list[int]) -> list[tuple[int, int]]:
-        if worker == self.index:
-            return await self.local_hashes(revision, shards)
-        raw = msgpack.unpackb(await self.clients[worker].call(
-            HASH_PARTS, msgpack.packb([revision, shards]), DEFAULT_TIMEOUT_S))
-        return [(int(h), int(c)) for h, c in raw]
-
-    async def local_hashes(self, revision: int, shards: Sequence[int]) -> list[tuple[int, int]]:
-        """``(hash, compaction)`` of each of this worker's ``shards`` up to ``revision``."""
-        for s in shards:
-            self.backend._check_local(s)
-        return self.backend.shard_hashes(revision, shards)
-
-    async def _serve_hash_parts(self, body: bytes) -> bytes:
-        revision, shards = decode_fields(body, 2)
-        parts = await carried(self.local_hashes(int(revision), shards))
-        return bytes(msgpack.packb([list(p) for p in parts]))
-
-    async def hash_across(self, _req: rpc_pb2.HashRequest) -> rpc_pb2.HashResponse:
-        """etcd's Hash of the node's whole store: the CRC-32C of every shard's image in
-        shard order, framed as a node of one process frames them
-        (``ReplicatedBackend._image``), chained through the workers shard by shard.
-        Each shard is captured when its turn comes, not all at one instant as in one
-        process: on a store being written, members (and calls) can differ, as etcd's
-        Hash of members at different revisions differs."""
-        n = self.plan.shards
-        crc = int(crc32c.crc32c(msgpack.packb(["accord-shards", [b""] * n],
-                                              use_bin_type=True)[:-2 * n]))
-        for s in range(n):
-            worker = self.plan.worker_of_shard(s)
-            if worker == self.index:
-                crc = await self.backend.image_crc([s], crc)
-            else:
-                crc = int(msgpack.unpackb(await self.clients[worker].call(
-                    HASH_CHAIN, msgpack.packb([[s], crc]), DEFAULT_TIMEOUT_S)))
-        return rpc_pb2.HashResponse(hash=crc)
-
-    async def _serve_hash_chain(self, body: bytes) -> bytes:
-        shards, crc = decode_fields(body, 2)
-        if not (isinstance(shards, list) and all(type(x) is int for x in shards)
-                and type(crc) is int):
-            raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 "a hash chain carries [shards, crc]")
-        return bytes(msgpack.packb(await carried(self.backend.image_crc(shards, crc))))
-
-    async def move_leader_across(self, req: rpc_pb2.MoveLeaderRequest) -> rpc_pb2.MoveLeaderResponse:
-        """etcd's MoveLeader for the whole node: refused as etcd refuses it unless this
-        member leads (worker 0's home group, the leader ``Status`` reports) and the target
-        is another voter; then every worker hands the groups it leads to the target, and
-        the call returns once worker 0's home group follows it."""
-        target = int(req.targetID)
-        await self._leaders(0, target, "check")
-        others = [w for w in range(self.plan.workers) if w != 0]
-        await asyncio.gather(*(self._leaders(w, target, "transfer") for w in others))
-        await self._leaders(0, target, "move")
-        return rpc_pb2.MoveLeaderResponse()
-
-    async def _leaders(self, worker: int, target: int, step: str) -> None:
-        if worker == self.index:
-            await self.local_leaders(target, step)
-            return
-        try:
-            await self.clients[worker].call(LEADERS, msgpack.packb([target, step]),
-                                            DEFAULT_TIMEOUT_S)
-        except ForwardedError as e:
-            raise EtcdError(e.code, e.message) from None
-
-    async def local_leaders(self, target: int, step: str) -> None:
-        """One step of :meth:`move_leader_across` on this worker."""
-        b = self.backend
-        if step == "check":
-            b.check_move_leader(target)
-        elif step == "transfer":
-            b.transfer_leaders(target)
-        elif step == "move":
-            await b.move_leader(target)
-        else:
-            raise errors.bad_request(f"unknown leadership step {step!r}")
-
-    async def _serve_leaders(self, body: bytes) -> bytes:
-        target, step = decode_fields(body, 2)
-        if type(target) is not int or not isinstance(step, str):
-            raise ForwardedError(grpc.StatusCode.INVALID_ARGUMENT,
-                                 "a leadership step carries [target, step]")
-        await carried(self.local_leaders(target, step))
-        return b""
-
-    async def compact_across(self, req: rpc_pb2.CompactionRequest) -> rpc_pb2.CompactionResponse:
-        """``req`` on every shard of the node, each worker compacting its own: checked
-        against every shard's revision and compaction first (etcd's ``compacted`` and
-        ``future revision`` refusals, nothing changed), then applied on each worker's
-        shards, as ``StateMachineBackend.compact`` applies it on every shard."""
-        by_worker = self._by_worker(range(self.plan.shards))
-        states = await asyncio.gather(*(self._revision_state(w, s)
-                                        for w, s in by_worker.items()))
-        check_compaction(req.revision, max(t for t, _c in states), max(c for _t, c in states))
-        revs = await asyncio.gather(*(self._compact_parts(w, req, s)
-                                      for w, s in by_worker.items()))
-        resp = rpc_pb2.CompactionResponse()
-        resp.header.revision = max(revs)
-        return resp
-
-    async def store_revision(self) -> int:
-        """The store's revision over every worker's shards (what a linearizable read
-        would answer at now): automatic compaction's periodic sample."""
-        by_worker = self._by_worker(range(self.plan.shards))
-        states = await asyncio.gather(*(self._revision_state(w, s)
-                                        for w, s in by_worker.items()))
-        return max(t for t, _c in states)
-
-    async def revision_writes_ago(self, n: int) -> int:
-        """``StateMachineBackend.revision_writes_ago`` over every worker's shards: the
-        revision ``n`` writes below the store's latest (0: the history holds no more)."""
-        by_worker = self._by_worker(range(self.plan.shards))
-        parts = await asyncio.gather(*(self._revisions_written(w, s, n + 1)
-                                       for w, s in by_worker.items()))
-        return nth_latest(set().union(*parts), n)
-
-    async def _revisions_written(self, worker: int, shards: list[int], n: int) -> set[int]:
-        if worker == self.index:
-            for s in shards:
-                self.backend._check_local(s)
-            return self.backend.revisions_written(shards, n)
-        raw = msgpack.unpackb(await self.clients[worker].call(
-            REVISIONS_WRITTEN, msgpack.packb([shards, n]), DEFAULT_TIMEOUT_S))
-        return {int(r) for r in raw}
-
-    async def _serve_revisions_written(self, body: bytes) -> bytes:
-        shards, n = decode_fields(body, 2)
-        return bytes(msgpack.packb(sorted(await carried(
-            self._revisions_written(self.index, shards, int(n))))))
-
-    async def _revision_state(self, worker: int, shards: list[int]) -> tuple[int, int]:
-        if worker == self.index:
-            return await self.local_revision_state(shards)
-        raw = msgpack.unpackb(await self.clients[worker].call(
-            REVISION_STATE, msgpack.packb([shards]), DEFAULT_TIMEOUT_S))
-        return int(raw[0]), int(raw[1])
-
-    async def _compact_parts(self, worker: int, req: rpc_pb2.CompactionRequest,
-                             shards: list[int]) -> int:
-        if worker == self.index:
-            return await self.local_compact(req, shards)
-        body = msgpack.packb([req.SerializeToString(), shards])
-        return int(msgpack.unpackb(await self.clients[worker].call(
-            COMPACT_PARTS, body, DEFAULT_TIMEOUT_S)))
-
-    async def local_revision_state(self, shards: Sequence[int]) -> tuple[int, int]:
-        """``(highest revision, highest compaction)`` of this worker's ``shards``."""
-        for s in shards:
-            self.backend._check_local(s)
-        return self.backend.revision_state(shards)
-
-    async def local_compact(self, req: rpc_pb2.CompactionRequest, shards: Sequence[int]) -> int:
-        """This worker's ``shards`` compacted at ``req.revision``."""
-        for s in shards:
-            self.backend._check_local(s)
-        return await self.backend.compact_shards(req, shards)
-
-    async def _serve_revision_state(self, body: bytes) -> bytes:
-        (shards,) = decode_fields(body, 1)
-        return bytes(msgpack.packb(list(await carried(self.local_revision_state(shards)))))
-
-    async def _serve_compact_parts(self, body: bytes) -> bytes:
-        raw, shards = decode_fields(body, 2)
-        req = rpc_pb2.CompactionRequest.FromString(raw)
-        return bytes(msgpack.packb(await carried(self.local_compact(req, shards))))
-
-    # -- a range across workers ----------------------------------------------
-
-    def _by_worker(self, shards: Sequence[int]) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = {}
-        for s in shards:
-            out.setdefault(self.plan.worker_of_shard(s), []).append(s)
-        return out
-
-    async def range_across(self, req: rpc_pb2.RangeRequest,
-                           shards: Sequence[int]) -> rpc_pb2.RangeResponse:
-        """``req`` read over the workers hosting ``shards`` (see the module docstring)."""
-        b = self.backend
-        b.sm.validate_range(req)
-        by_worker = self._by_worker(shards)
-        barrier = not req.serializable
-        start = b.read_start() if barrier else 0
-        tops = await asyncio.gather(*(self._tops(w, s, barrier) for w, s in by_worker.items()))
-        top = max(max(tops), start)
-        rev = req.revision if req.revision > 0 else (start or top)
-        if rev > top and rev > b.latest_revision():
-            # A revision of the store (some shard has it) is readable on every shard once
-            # floored there, as on one etcd; above every shard's it is a future revision.
-            every = self._by_worker(range(self.plan.shards))
-            store = max(await asyncio.gather(
-                *(self._tops(w, s, barrier) for w, s in every.items())))
-            if rev > store:
-                raise errors.FUTURE_REV
-        answers = await asyncio.gather(
-            *(self._parts(w, req, s, rev, start) for w, s in by_worker.items()))
-        parts = [p for ps in answers for p in ps]
-        if barrier:
-            await b.settle(rev)
-        return fanout.merge_ranges(req, parts, rev, b.sm.limits)
-
-    async def _tops(self, worker: int, shards: list[int], barrier: bool) -> int:
-        if worker == self.index:
-            return await self.local_tops(shards, barrier)
-        body = msgpack.packb([shards, barrier])
-        return int(msgpack.unpackb(await self.clients[worker].call(
-            RANGE_TOPS, body, DEFAULT_TIMEOUT_S)))
-
-    async def _parts(self, worker: int, req: rpc_pb2.RangeRequest, shards: list[int],
-                     rev: int, fenced: int = 0) -> list[rpc_pb2.RangeResponse]:
-        if worker == self.index:
-            return await self.local_parts(req, shards, rev, fenced)
-        body = msgpack.packb([req.SerializeToString(), shards, rev, fenced])
-        raw = msgpack.unpackb(await self.clients[worker].call(RANGE_PARTS, body,
-                                                              DEFAULT_TIMEOUT_S))
-        return [rpc_pb2.RangeResponse.FromString(p) for p in raw]
-
-    async def local_tops(self, shards: Sequence[int], barrier: bool) -> int:
-        """The highest revision of this worker's ``shards`` (after a barrier on each)."""
-        b = self.backend
-        if barrier:
-            await b._each(list(shards), b.read_barrier)
-        return max(int(b.machines[s].revision) for s in shards)
-
-    async def local_parts(self, req: rpc_pb2.RangeRequest, shards: Sequence[int],
-                          rev: int, fenced: int = 0) -> list[rpc_pb2.RangeResponse]:
-        """Each of this worker's ``shards`` read at ``rev``: floored there first (unless
-        the read's fence holds it: ``rev <= fenced``, its start) and the intents in the
-        way waited out (linearizable), or at its own latest when that is lower
-        (serializable, and a fenced shard behind ``rev``: nothing lands there below it)."""
-        b = self.backend
-        for s in shards:
-            b._check_local(s)
-        if not req.serializable:
-            await self._settle_at(shards, [KeyRange.of(req.key, req.range_end)], rev, fenced)
-        return [b.machines[s].range(fanout.per_shard_request(
-            req, min(rev, int(b.machines[s].revision)))) for s in shards]
-
-    async def _settle_at(self, shards: Sequence[int], ranges: list[KeyRange], rev: int,
-                         fenced: int) -> None:
-        """Make ``rev`` readable on this worker's ``shards``: floored there unless the
-        read's fence holds it, and the intents over ``ranges`` at or below it waited out."""
-        b = self.backend
-        if rev > fenced:
-            await b.floor(list(shards), rev)
-        await b._each(list(shards), lambda s: b.wait_intents(s, ranges, rev))
-
-    # -- a read-only Txn across workers ----------------------------------------
-
-    async def txn_across(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
-        """A read-only Txn over several workers' shards, read as a multi-shard read-only
-        Txn is in one process (``StateMachineBackend._read_txn_across``): a barrier on
-        every shard (``RangeTops``), R = the highest revision or the read's start, every
-        worker's compares at R (``TxnCompares``), the branch they take, then every
-        worker's reads of it at R (``TxnReads``), merged here."""
-        b = self.backend
-        b.sm.validate_txn(req)
-        shards = sorted(sharding.shards_of_txn(req, self.plan.shards))
-        by_worker = self._by_worker(shards)
-        start = b.read_start()
-        tops = await asyncio.gather(*(self._tops(w, s, True) for w, s in by_worker.items()))
-        rev = start or max(tops)
-        raw = req.SerializeToString()
-        answers = await asyncio.gather(*(
-            self._txn_step(w, TXN_COMPARES, [raw, s, rev, start], self.local_txn_compares)
-            for w, s in by_worker.items()))
-        compares = [[[(bool(f), bool(k)) for f, k in row] for row in shard]
-                    for per_worker, _c in answers for shard in per_worker]
-        plan = TxnPlan(req)
-        path = xtxn.path_of(plan, xtxn.combine(plan, compares))
-        err = xtxn.first_error(plan, path, {}, rev + 1, max(int(c) for _p, c in answers))
-        if err is not None:
-            raise err
-        reads = await asyncio.gather(*(
-            self._txn_step(w, TXN_READS, [raw, s, rev, list(path)], self.local_txn_reads)
-            for w, s in by_worker.items()))
-        parts = {s: rpc_pb2.TxnResponse.FromString(p)
-                 for (_w, ss), ps in zip(by_worker.items(), reads, strict=True)
-                 for s, p in zip(ss, ps, strict=True)}
-        await b.settle(rev)
-        return xtxn.merge(req, path, parts, rev, b.sm.limits, b.shard_of)
-
-    async def _txn_step(self, worker: int, method: str, fields: list[Any],
-                        local: Callable[..., Awaitable[Any]]) -> Any:
-        if worker == self.index:
-            return await local(*fields)
-        return msgpack.unpackb(await self.clients[worker].call(
-            method, msgpack.packb(fields), DEFAULT_TIMEOUT_S))
-
-    async def local_txn_compares(self, raw: bytes, shards: Sequence[int], rev: int,
-                                 fenced: int) -> tuple[list[Any], int]:
-        """This worker's ``shards``' compares of the read-only Txn ``raw`` at ``rev``
-        (each shard's, in order: ``xtxn.partial_compares``) and their highest compaction."""
-        b = self.backend
-        plan = TxnPlan(rpc_pb2.TxnRequest.FromString(raw))
-        for s in shards:
-            b._check_local(s)
-        ranges = [KeyRange.of(k, e) for k, e in plan.ranges]
-        await self._settle_at(shards, ranges, rev, fenced)
-        each = [b.machines[s].read_share(plan, min(rev, int(b.machines[s].revision)))[0]
-                for s in shards]
-        return each, max(int(b.machines[s].compact_revision) for s in shards)
-
-    async def local_txn_reads(self, raw: bytes, shards: Sequence[int], rev: int,
-                              path: Sequence[bool]) -> list[bytes]:
-        """This worker's ``shards``' parts of the reads along ``path`` at ``rev``."""
-        b = self.backend
-        req = rpc_pb2.TxnRequest.FromString(raw)
-        out = []
-        for s in shards:
-            b._check_local(s)
-            m = b.machines[s]
-            out.append(m.read_branch(req, [bool(x) for x in path],
-                                     min(rev, int(m.revision))).SerializeToString())
-        return out
-
-    async def _serve_txn_compares(self, body: bytes) -> bytes:
-        raw, shards, rev, fenced = decode_fields(body, 4)
-        rows, compact = await carried(self.local_txn_compares(raw, shards, int(rev), int(fenced)))
-        return bytes(msgpack.packb([rows, compact]))
-
-    async def _serve_txn_reads(self, body: bytes) -> bytes:
-        raw, shards, rev, path = decode_fields(body, 4)
-        return bytes(msgpack.packb(await carried(self.local_txn_reads(raw, shards, int(rev),
-                                                                    path))))
-
-    async def _serve_tops(self, body: bytes) -> bytes:
-        shards, barrier = decode_fields(body, 2)
-        return bytes(msgpack.packb(await carried(self.local_tops(shards, bool(barrier)))))
-
-    async def _serve_parts(self, body: bytes) -> bytes:
-        raw, shards, rev, fenced = decode_fields(body, 4)
-        req = rpc_pb2.RangeRequest.FromString(raw)
-        parts = await carried(self.local_parts(req, shards, int(rev), int(fenced)))
-        return bytes(msgpack.packb([p.SerializeToString() for p in parts]))
