@@ -20,6 +20,7 @@ so that each etcd method is, on every worker alike:
   range is (``TxnCompares`` at R, the branch taken, ``TxnReads`` of it: ``txn_across``);
   a linearizable read across workers answers at its clock revision where the shards'
   read fences hold it, without flooring them (``docs/txn.md``, "The revision of a read");
+  the reads across workers are ``workerreads.py``'s;
 * **on worker 0** (the member list and member changes, ``Status``, alarms, defragment, auth but its
   ``AuthEnable``; the unary Lease calls): the meta group's calls and the leases' home
   (shard 0), forwarded there from the other workers; a lease's grant and revoke reach
@@ -36,7 +37,7 @@ so that each etcd method is, on every worker alike:
   ``StateMachineBackend`` compacts every shard of one process and combines their hashes
   in shard order; a Hash is chained through the workers shard by shard (``HashChain``);
   a MoveLeader is checked by worker 0 (whose home group's leader is the node's), then
-  every worker hands the groups it leads to the target (``Leaders``);
+  every worker hands the groups it leads to the target (``Leaders``): ``workermaint.py``;
 * **served here, across workers** (Watch, v3lock, v3election, Snapshot): a watch over
   another worker's shards is fed by that worker and merged here in revision order
   (``workerwatch.py``); the lock and election recipes run here over the routed calls
