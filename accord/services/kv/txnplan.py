@@ -49,23 +49,24 @@ class TxnPlan:
 
     def __init__(self, req: rpc_pb2.TxnRequest) -> None:
         self.req = req
-        tree = nodes(req)
-        flat_ops = ops(req)
+        tree: list[rpc_pb2.TxnRequest] = []
+        compares: list[tuple[tuple[bytes, bytes, rpc_pb2.Compare], ...]] = []
+        by_node: list[list[tuple[bytes, bytes]]] = []
+        flat_ops: list[rpc_pb2.RequestOp] = []
+        kinds: list[str] = []
+        puts: list[tuple[int, bytes, int, bool]] = []
+        _visit(req, tree, compares, by_node, flat_ops, kinds, puts)
         self.nodes = tuple(tree)
-        """Every Txn node of the tree (``req`` first), in the fixed order."""
-        self.compares = tuple(
-            tuple((c.key, c.range_end, c) for c in node.compare) for node in tree)
+        """Every Txn node of the tree (``req`` first), in the fixed order (:func:`nodes`)."""
+        self.compares = tuple(compares)
         """Per node, its compares as ``(key, range_end, compare)``."""
-        self.ops = tuple(op for op, _kind in flat_ops)
-        """Every non-Txn op of the tree in the fixed order: the op numbers."""
-        self.kinds = tuple(kind for _op, kind in flat_ops)
-        """Per op number, which request it holds (``request_put``, ...)."""
-        self.ranges = tuple(all_ranges(req))
+        self.ops = tuple(flat_ops)
+        """Every non-Txn op of the tree in the fixed order: the op numbers (:func:`ops`)."""
+        self.kinds = tuple(kinds)
+        """Per op number, which request it holds (``request_put``, ...; empty if none)."""
+        self.ranges = tuple(pair for node in by_node for pair in node)
         """:func:`all_ranges`."""
-        self.puts = tuple(
-            (o, op.request_put.key, op.request_put.lease,
-             op.request_put.ignore_value or op.request_put.ignore_lease)
-            for o, (op, kind) in enumerate(flat_ops) if kind == "request_put")
+        self.puts = tuple(puts)
         """Every put as ``(op number, key, lease, ignore_value or ignore_lease)``."""
         self.flat = len(tree) == 1
         """No nested Txn: the path is one decision, the op numbers run through success,
@@ -94,6 +95,36 @@ class TxnPlan:
         out: list[tuple[int, rpc_pb2.RequestOp]] = []
         _taken(self.req, path, [0], 0, out)
         return out
+
+
+def _visit(req: rpc_pb2.TxnRequest, tree: list[rpc_pb2.TxnRequest],
+           compares: list[tuple[tuple[bytes, bytes, rpc_pb2.Compare], ...]],
+           by_node: list[list[tuple[bytes, bytes]]], flat_ops: list[rpc_pb2.RequestOp],
+           kinds: list[str], puts: list[tuple[int, bytes, int, bool]]) -> None:
+    """One pass over the tree for :class:`TxnPlan`: nodes in the fixed order, ops in op
+    order, and each node's ranges (its compares, then its own ops) kept apart, since a
+    nested node's come after all of its parent's."""
+    tree.append(req)
+    row = tuple((c.key, c.range_end, c) for c in req.compare)
+    compares.append(row)
+    own = [(key, end) for key, end, _c in row]
+    by_node.append(own)
+    for branch in (req.success, req.failure):
+        for op in branch:
+            which = op.WhichOneof("request")
+            if which == "request_txn":
+                _visit(op.request_txn, tree, compares, by_node, flat_ops, kinds, puts)
+                continue
+            if which == "request_put":
+                p = op.request_put
+                own.append((p.key, b""))
+                puts.append((len(flat_ops), p.key, p.lease, p.ignore_value or p.ignore_lease))
+            elif which == "request_range":
+                own.append((op.request_range.key, op.request_range.range_end))
+            elif which == "request_delete_range":
+                own.append((op.request_delete_range.key, op.request_delete_range.range_end))
+            flat_ops.append(op)
+            kinds.append(which or "")
 
 
 def nodes(req: rpc_pb2.TxnRequest) -> list[rpc_pb2.TxnRequest]:
