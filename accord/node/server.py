@@ -130,6 +130,9 @@ class _KVMachine:
     def apply(self, index: int, payload: bytes) -> object:
         return self.sm.apply(payload)
 
+    def apply_unanswered(self, index: int, payload: bytes) -> None:
+        self.sm.apply(payload, answer=False)
+
     def prepare_snapshot(self) -> Callable[[], bytes]:
         return self.sm.prepare_snapshot()
 

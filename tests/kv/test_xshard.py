@@ -11,6 +11,7 @@ variant (participants written before the decision) is caught by the same check.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from typing import Any
 
@@ -19,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accord.proto import rpc_pb2 as pb
-from accord.services.kv import sharding, xcommands
+from accord.services.kv import sharding, xcommands, xtxn
 from accord.services.kv.backend import HeaderInfo, StateMachineBackend
 from accord.services.kv.errors import EtcdError
 from accord.services.kv.intents import ABORTED
@@ -191,6 +192,53 @@ async def test_random_multi_shard_txns_answer_as_one_store(reqs: list[pb.TxnRequ
         everything = pb.RangeRequest(key=b"\x00", range_end=b"\x00")
         assert state(await many.range(everything)) == state(one.range(everything))
     assert all(not m.intents for m in many.machines)
+
+
+class QuietTwins(Shards):
+    """Every command applied twice at once: with its answer on the backend's machines,
+    and without (``apply(..., answer=False)``, what a member whose client does not wait
+    for it runs) on twins of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.twins = [KVStateMachine(lease_id_seed=i + 2) for i in range(SHARDS)]
+        for twin, m in zip(self.twins, self.machines, strict=True):
+            twin.set_stripe(m.stripe)
+
+    async def commit(self, command: bytes, shard: int = 0) -> Any:
+        await asyncio.sleep(0)
+        with contextlib.suppress(EtcdError):  # a refusal is the answer, not a change
+            self.twins[shard].apply(command, answer=False)
+        return self.machines[shard].apply(command)
+
+
+async def _quiet_twins_agree(reqs: list[pb.TxnRequest]) -> bool:
+    b = QuietTwins()
+    await asyncio.gather(*(b.txn(r) for r in reqs))  # concurrent: conflicts and retries too
+    await b.xcoord.drain()
+    return all(m.snapshot() == t.snapshot() for m, t in zip(b.machines, b.twins, strict=True))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(txns.filter(_unique_puts), min_size=1, max_size=8))
+async def test_commands_applied_without_their_answers_change_the_state_alike(
+        reqs: list[pb.TxnRequest]) -> None:
+    assert await _quiet_twins_agree(reqs)
+
+
+async def test_the_broken_quiet_apply_that_skips_a_shares_writes_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real = xtxn.run_share
+
+    def no_writes_unanswered(ex: Any, wt: Any, plan: Any, path: Any, owns: Any,
+                             answer: bool = True) -> Any:
+        if not answer:
+            return None, None  # the broken variant: nothing written where nobody reads
+        return real(ex, wt, plan, path, owns, answer)
+
+    monkeypatch.setattr(xtxn, "run_share", no_writes_unanswered)
+    keys = spread_keys(2)
+    assert not await _quiet_twins_agree([_txn(keys, b"v")])
 
 
 async def test_a_multi_shard_txn_writes_every_key_at_one_revision() -> None:

@@ -122,16 +122,24 @@ class Applier:
 
     def _apply_entry(self, g: Group, e: Entry) -> None:
         origin, seq, payload = msgpack.unpackb(e.data, raw=False)
+        fut = g.proposals.get(seq) if origin == self.node_id else None
+        if fut is None or fut.done():
+            # Nobody here waits for this entry's answer (another node's proposal, or one
+            # replayed at start): a state machine that can skip building it does.
+            quiet = g.apply_unanswered
+            try:
+                if quiet is not None:
+                    quiet(e.index, payload)
+                else:
+                    g.sm.apply(e.index, payload)
+            except Exception:  # refused: its answer, which nobody here waits for
+                pass
+            return
         try:
             result: object = g.sm.apply(e.index, payload)
             failed = False
         except Exception as exc:  # the state machine refused the command: that is its answer
             result, failed = exc, True
-        if origin != self.node_id:
-            return
-        fut = g.proposals.get(seq)
-        if fut is None or fut.done():
-            return
         self.answered += 1
         if failed:
             assert isinstance(result, BaseException)

@@ -21,7 +21,13 @@ from accord.raft.storage.snapshot import SnapshotStore
 
 
 class StateMachine(Protocol):
-    """What a group replicates. ``apply`` must be deterministic."""
+    """What a group replicates. ``apply`` must be deterministic.
+
+    A state machine may also have ``apply_unanswered(index, payload) -> None``
+    (:class:`AnswerOptional`): the host calls it instead of ``apply`` for an entry no
+    caller on this node waits for (another node's proposal, an entry replayed at start),
+    so that the answer only the proposing node reads is built there alone. It must
+    change the state exactly as ``apply`` does."""
 
     def apply(self, index: int, payload: bytes) -> object:
         """Apply one committed command; the return value answers the proposer."""
@@ -32,6 +38,14 @@ class StateMachine(Protocol):
 
     def restore(self, data: bytes) -> None:
         """Replace the whole state by a snapshot's."""
+
+
+class AnswerOptional(Protocol):
+    """A state machine that can apply a command without building its answer."""
+
+    def apply_unanswered(self, index: int, payload: bytes) -> None:
+        """``apply`` for an entry nobody on this node waits for: the same state
+        change, no answer (a refusal may still raise, and is ignored as ``apply``'s)."""
 
 
 class Transport(Protocol):
@@ -157,6 +171,11 @@ class Group:
     ``GroupUnavailable`` when it cannot be made now. None: reads are not fenced."""
     fenced_at: tuple[int, int] = (0, -1)
     """``(term, reads answered)`` of the core when the fence was last appended."""
+    apply_unanswered: Callable[[int, bytes], None] | None = field(init=False)
+    """The state machine's ``apply_unanswered`` (:class:`AnswerOptional`), or None."""
+
+    def __post_init__(self) -> None:
+        self.apply_unanswered = getattr(self.sm, "apply_unanswered", None)
 
     @property
     def leader(self) -> int:

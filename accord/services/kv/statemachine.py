@@ -305,12 +305,17 @@ class KVStateMachine:
             raise errors.too_many_leases(self.limits.max_leases)
 
     # --- apply -----------------------------------------------------------------------------
-    def apply(self, command: bytes) -> object:
-        """Apply one committed command; returns its response or raises ``EtcdError``."""
+    def apply(self, command: bytes, answer: bool = True) -> object:
+        """Apply one committed command; returns its response or raises ``EtcdError``.
+
+        Without ``answer`` (nobody on this member waits for it: the host's
+        ``apply_unanswered``) the state changes the same, and a multi-shard Txn's
+        command builds no answer (its compares, checks and share's response are read by
+        the coordinator's member only); other commands' answers are small and built."""
         if len(command) > 1 and command[1] == COMPACT_FORMAT:
             return self._apply_compact(command)
         if len(command) > 1 and command[1] == xcommands.XFORMAT:
-            return self._apply_x(command)
+            return self._apply_x(command, answer)
         cmd = decode(command)
         kind = cmd.kind
         if kind == Kind.PUT:
@@ -550,32 +555,33 @@ class KVStateMachine:
                 self.watch_hub.publish(rev, changes)
         self._held = keep
 
-    def _apply_x(self, command: bytes) -> object:
-        """Apply a format-3 command (``xcommands.py``)."""
+    def _apply_x(self, command: bytes, answer: bool = True) -> object:
+        """Apply a format-3 command (``xcommands.py``); ``answer``: see :meth:`apply`."""
         body = xcommands.decode(command)
         kind, txn_id = body[0], body[1]
         if type(txn_id) is not int:
             raise errors.bad_request("malformed KV command: txn id is not an integer")
         if kind == xcommands.XKind.PREPARE:
-            return self._x_prepare(txn_id, *body[2:])
+            return self._x_prepare(txn_id, *body[2:], answer=answer)
         if kind == xcommands.XKind.COMMIT:
-            return self._x_commit(txn_id, *body[2:])
+            path, shard, shards, now_ms = body[2:]
+            return self._x_commit(txn_id, path, shard, shards, now_ms, answer=answer)
         if kind == xcommands.XKind.DECIDE:
             if type(body[6]) is not int or body[6] <= 0:
                 raise errors.bad_request("malformed KV command: bad decided revision")
             path, shard, shards, now_ms, at = body[2:]
-            return self._x_commit(txn_id, path, shard, shards, now_ms, at)
+            return self._x_commit(txn_id, path, shard, shards, now_ms, at, answer=answer)
         if kind == xcommands.XKind.RESERVE:
             return self._x_reserve(txn_id, *body[2:])
         if kind == xcommands.XKind.LEASE:
             return self._x_prepare_lease(txn_id, *body[2:])
         if kind == xcommands.XKind.PREPARE_DECIDE:
-            return self._x_prepare_decide(txn_id, *body[2:])
+            return self._x_prepare_decide(txn_id, *body[2:], answer=answer)
         return self._x_abort(txn_id, *body[2:])
 
     def _x_prepare(
         self, txn_id: int, rev: int, record: int, shard: int, shards: int, deadline_ms: int,
-        now_ms: int, request: bytes,
+        now_ms: int, request: bytes, *, answer: bool = True,
     ) -> xcommands.Prepared:
         store, x = self._store, self._x
         plan = plan_of(request)
@@ -598,21 +604,22 @@ class KVStateMachine:
         def owns(key: bytes) -> bool:
             return sharding.shard_of(key, shards) == shard
 
-        answer = xcommands.Prepared(
-            True, "", rev, xtxn.partial_compares(store, plan, store.rev),
-            xtxn.put_checks(self._exec, plan, owns), max(0, store.compact_rev),
-        )
+        prepared = xcommands.Prepared(True, "", rev)
+        if answer:  # what the coordinator decides on; nothing of the state
+            prepared.compares = xtxn.partial_compares(store, plan, store.rev)
+            prepared.checks = xtxn.put_checks(self._exec, plan, owns)
+            prepared.compact_rev = max(0, store.compact_rev)
         x.intents[txn_id] = Intent(txn_id, rev, record, deadline_ms, ranges, leases, request)
         if shard == record:
             x.records[txn_id] = Record(txn_id, PENDING, rev, deadline_ms)
         store.raise_floor(rev)
         self.watch_hub.held_from = x.lowest_rev()
-        return answer
+        return prepared
 
     def _x_prepare_decide(
         self, txn_id: int, stamp: int, record: int, shards: int, deadline_ms: int,
         now_ms: int, request: bytes, want: int, compares: Any, checks: Any,
-        compact_rev: int,
+        compact_rev: int, *, answer: bool = True,
     ) -> xcommands.Prepared | xcommands.Committed:
         """The record shard's prepare and decision in one entry, once the other
         participants prepared (``xcommands.PREPARE_DECIDE``): refused (a ``Prepared``)
@@ -646,7 +653,7 @@ class KVStateMachine:
         if err is not None:
             return xcommands.Prepared(False, "invalid", store.rev, error=err)
         x.records[txn_id] = Record(txn_id, COMMITTED, rev, deadline_ms, tuple(path), rev)
-        wt, resp, error = self._share_at(rev, plan, path, owns)
+        wt, resp, error = self._share_at(rev, plan, path, owns, answer)
         self._commit(wt)
         store.raise_floor(rev)
         return xcommands.Committed(resp, xcommands.Decision(COMMITTED, tuple(path), rev), error)
@@ -730,7 +737,7 @@ class KVStateMachine:
 
     def _x_commit(
         self, txn_id: int, path: tuple[bool, ...], shard: int, shards: int, now_ms: int,
-        at: int = 0,
+        at: int = 0, *, answer: bool = True,
     ) -> xcommands.Committed:
         """A COMMIT (``at`` 0: at the reserved revision) or a DECIDE (``at``: the revision
         the record shard decided, on a participant other than it) of ``txn_id``."""
@@ -773,7 +780,7 @@ class KVStateMachine:
         def owns(key: bytes) -> bool:
             return sharding.shard_of(key, shards) == shard
 
-        wt, resp, error = self._share_at(rev, plan, path, owns)
+        wt, resp, error = self._share_at(rev, plan, path, owns, answer)
         del x.intents[txn_id]
         self._commit_at(wt)
         self._store.raise_floor(rev)  # a decided revision above this shard's: move up to it
@@ -781,13 +788,14 @@ class KVStateMachine:
         self._release()
         return xcommands.Committed(resp, decision, error)
 
-    def _share_at(self, rev: int, plan: TxnPlan, path: Any,
-                  owns: Callable[[bytes], bool]) -> tuple[WriteTxn, Any, Any]:
+    def _share_at(self, rev: int, plan: TxnPlan, path: Any, owns: Callable[[bytes], bool],
+                  answer: bool = True) -> tuple[WriteTxn, Any, Any]:
         """Run this shard's share of a decided multi-shard Txn as a write at ``rev`` (not
-        committed yet; rolled back if it raises): the write, the responses, the error."""
+        committed yet; rolled back if it raises): the write, the responses (None without
+        ``answer``), the error."""
         wt = self._store.begin_at(rev)
         try:
-            resp, error = xtxn.run_share(self._exec, wt, plan, path, owns)
+            resp, error = xtxn.run_share(self._exec, wt, plan, path, owns, answer)
         except BaseException:
             wt.rollback()
             raise

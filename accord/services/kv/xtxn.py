@@ -168,19 +168,23 @@ def first_error(
 
 def run_share(
     ex: Executor, wt: WriteTxn, plan: TxnPlan, path: Sequence[bool],
-    owns: Callable[[bytes], bool],
-) -> tuple[rpc_pb2.TxnResponse, EtcdError | None]:
+    owns: Callable[[bytes], bool], answer: bool = True,
+) -> tuple[rpc_pb2.TxnResponse | None, EtcdError | None]:
     """This shard's share of the taken path, written in ``wt`` (at the Txn's revision):
     the puts of keys it holds, its part of every range and delete; and the error of a
     range of it that could not be answered (too large). The decision is made, so the
     writes stand; such a range answers empty here and the error goes back with the
     share, for the coordinator to give the client instead of an answer missing keys
-    (as etcd fails a call whose response is over its size limit after applying it)."""
-    resp = rpc_pb2.TxnResponse()
+    (as etcd fails a call whose response is over its size limit after applying it).
+    Without ``answer`` (nobody on this member reads it) the same writes, with the same
+    tags, and ``(None, None)``: no response built, no range read."""
+    resp = rpc_pb2.TxnResponse() if answer else None
     failed: list[EtcdError] = []
     tags: list[int] = []
     _run(ex, wt, wt.rev, plan.req, path, [0], owns, resp, failed, tags, [0])
     wt.retag(tags)
+    if resp is None:
+        return None, None
     resp.header.revision = wt.rev
     return resp, (failed[0] if failed else None)
 
@@ -199,18 +203,20 @@ def read_share(
 def _run(
     ex: Executor, wt: WriteTxn | None, rev: int, req: rpc_pb2.TxnRequest,
     path: Sequence[bool], p: list[int], owns: Callable[[bytes], bool],
-    resp: rpc_pb2.TxnResponse, failed: list[EtcdError] | None = None,
+    resp: rpc_pb2.TxnResponse | None, failed: list[EtcdError] | None = None,
     tags: list[int] | None = None, at: list[int] | None = None,
 ) -> None:
     """Walk the taken path in execution order; with ``tags``, each change written gets
     its operation's place in that order over the whole Txn (``at`` counts the operations
-    run so far, every shard counting the same: ``WriteTxn.retag``)."""
+    run so far, every shard counting the same: ``WriteTxn.retag``). With ``resp`` None
+    the writes alone: nothing answered, nothing read."""
     ok = path[p[0]]
     p[0] += 1
-    resp.succeeded = ok
+    if resp is not None:
+        resp.succeeded = ok
     for op in req.success if ok else req.failure:
         which = op.WhichOneof("request")
-        out = resp.responses.add()
+        out = resp.responses.add() if resp is not None else None
         if tags is None or at is None or wt is None or which == "request_txn":
             _run_op(ex, wt, rev, op, which, path, p, owns, out, failed, tags, at)
             continue
@@ -223,10 +229,22 @@ def _run(
 def _run_op(
     ex: Executor, wt: WriteTxn | None, rev: int, op: rpc_pb2.RequestOp, which: str | None,
     path: Sequence[bool], p: list[int], owns: Callable[[bytes], bool],
-    out: rpc_pb2.ResponseOp, failed: list[EtcdError] | None,
+    out: rpc_pb2.ResponseOp | None, failed: list[EtcdError] | None,
     tags: list[int] | None = None, at: list[int] | None = None,
 ) -> None:
-    """One operation of :func:`_run` (a nested Txn walked in turn)."""
+    """One operation of :func:`_run` (a nested Txn walked in turn); with ``out`` None
+    its writes only (a range changes nothing: skipped)."""
+    if out is None:
+        if which == "request_txn":
+            _run(ex, wt, rev, op.request_txn, path, p, owns, None, failed, tags, at)
+        elif wt is None:
+            raise ValueError("a read share of a Txn that writes")
+        elif which == "request_put":
+            if owns(op.request_put.key):
+                ex.put(wt, op.request_put)
+        elif which == "request_delete_range":
+            ex.delete_range(wt, op.request_delete_range)
+        return
     if which == "request_range":
         try:
             out.response_range.CopyFrom(ex.range(op.request_range, rev))

@@ -51,6 +51,18 @@ class Register:
 
 
 @dataclass
+class AnswerOptionalRegister(Register):
+    """A :class:`Register` that can apply without answering: it records which entries
+    came that way (the host's ``apply_unanswered``)."""
+
+    unanswered: list[int] = field(default_factory=list)
+
+    def apply_unanswered(self, index: int, payload: bytes) -> None:
+        self.apply(index, payload)
+        self.unanswered.append(index)
+
+
+@dataclass
 class Node:
     id: int
     dir: Path
@@ -61,6 +73,8 @@ class Node:
 
 
 class Cluster:
+    machine: type[Register] = Register
+    """The state machine of every group on every node."""
     voters: tuple[int, ...] = (1, 2, 3)
     learners: tuple[int, ...] = ()
     """The membership every group starts with."""
@@ -92,7 +106,7 @@ class Cluster:
         holder.append(host)
         sms = {}
         for gid in GROUPS:
-            sms[gid] = Register()
+            sms[gid] = self.machine()
             host.add_group(gid, sms[gid], recovered.get(gid), voters=self.voters,
                            learners=self.learners)
         await transport.start()
@@ -179,6 +193,31 @@ async def test_proposals_from_every_node_apply_everywhere_in_the_same_order(clus
         seqs = [cluster.nodes[n].sms[gid].applied for n in (1, 2, 3)]
         assert seqs[0] == seqs[1] == seqs[2]
         assert len(seqs[0]) == 15
+
+
+class AnswerOptionalCluster(Cluster):
+    machine = AnswerOptionalRegister
+
+
+async def test_only_the_proposing_node_applies_an_entry_with_its_answer(tmp_path: Path) -> None:
+    """The answer of an entry is built where its proposer waits for it: every other
+    node applies it through ``apply_unanswered`` (another node's proposal), to the same
+    state."""
+    async for c in running_cluster(tmp_path, AnswerOptionalCluster):
+        lead = await c.leader(1)
+        follower = next(n for n in (1, 2, 3) if n != lead)
+        by_leader = await c.put(lead, 1, "a", "1")
+        by_follower = await c.put(follower, 1, "b", "2")  # forwarded to the leader
+        assert isinstance(by_leader, int) and isinstance(by_follower, int)
+        await asyncio.sleep(0.3)
+        for n in (1, 2, 3):
+            sm = c.nodes[n].sms[1]
+            assert isinstance(sm, AnswerOptionalRegister)
+            assert sm.data == {"a": "1", "b": "2"}
+            mine = {lead: by_leader, follower: by_follower}.get(n)
+            others = {by_leader, by_follower} - {mine}
+            assert others <= set(sm.unanswered), (n, sm.unanswered)
+            assert mine not in sm.unanswered, (n, mine)
 
 
 async def test_a_proposal_made_before_any_leader_waits_for_the_election(
