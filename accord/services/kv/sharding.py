@@ -105,19 +105,29 @@ def shards_of_range(key: bytes, range_end: bytes, shards: int) -> list[int]:
     return list(range(shards))
 
 
+def op_range(op: rpc_pb2.RequestOp, kind: str | None) -> tuple[bytes, bytes] | None:
+    """``(key, range_end)`` of a Txn's op holding request ``kind`` (a put: its key alone);
+    None for a nested Txn or an empty op."""
+    if kind == "request_put":
+        return op.request_put.key, b""
+    if kind == "request_range":
+        return op.request_range.key, op.request_range.range_end
+    if kind == "request_delete_range":
+        return op.request_delete_range.key, op.request_delete_range.range_end
+    return None
+
+
 def _op_ranges(req: rpc_pb2.TxnRequest) -> Iterable[tuple[bytes, bytes]]:
     for cmp in req.compare:
         yield cmp.key, cmp.range_end
     for op in list(req.success) + list(req.failure):
         kind = op.WhichOneof("request")
-        if kind == "request_range":
-            yield op.request_range.key, op.request_range.range_end
-        elif kind == "request_put":
-            yield op.request_put.key, b""
-        elif kind == "request_delete_range":
-            yield op.request_delete_range.key, op.request_delete_range.range_end
-        elif kind == "request_txn":
+        if kind == "request_txn":
             yield from _op_ranges(op.request_txn)
+        else:
+            pair = op_range(op, kind)
+            if pair is not None:
+                yield pair
 
 
 def shards_of_txn(req: rpc_pb2.TxnRequest, shards: int) -> dict[int, bytes]:

@@ -31,6 +31,7 @@ CACHE_MAX_REQUEST = 8 << 10
 """Requests above this many bytes are parsed every time, not kept: the cache stays
 within a few MiB whatever the Txns carry."""
 
+
 @dataclass(frozen=True, slots=True)
 class ShardPart:
     """What one shard holds of a Txn (all branches)."""
@@ -44,22 +45,19 @@ class ShardPart:
 class TxnPlan:
     """One TxnRequest, walked once (see the module docstring)."""
 
-    __slots__ = ("_parts", "compares", "flat", "kinds", "nodes", "ops", "puts", "ranges",
-                 "req")
+    __slots__ = ("_parts", "compares", "flat", "kinds", "ops", "puts", "ranges", "req")
 
     def __init__(self, req: rpc_pb2.TxnRequest) -> None:
         self.req = req
-        tree: list[rpc_pb2.TxnRequest] = []
         compares: list[tuple[tuple[bytes, bytes, rpc_pb2.Compare], ...]] = []
         by_node: list[list[tuple[bytes, bytes]]] = []
         flat_ops: list[rpc_pb2.RequestOp] = []
         kinds: list[str] = []
         puts: list[tuple[int, bytes, int, bool]] = []
-        _visit(req, tree, compares, by_node, flat_ops, kinds, puts)
-        self.nodes = tuple(tree)
-        """Every Txn node of the tree (``req`` first), in the fixed order (:func:`nodes`)."""
+        _visit(req, compares, by_node, flat_ops, kinds, puts)
         self.compares = tuple(compares)
-        """Per node, its compares as ``(key, range_end, compare)``."""
+        """Per node of the tree in the fixed order (:func:`nodes`), its compares as
+        ``(key, range_end, compare)``."""
         self.ops = tuple(flat_ops)
         """Every non-Txn op of the tree in the fixed order: the op numbers (:func:`ops`)."""
         self.kinds = tuple(kinds)
@@ -68,7 +66,7 @@ class TxnPlan:
         """:func:`all_ranges`."""
         self.puts = tuple(puts)
         """Every put as ``(op number, key, lease, ignore_value or ignore_lease)``."""
-        self.flat = len(tree) == 1
+        self.flat = len(compares) == 1
         """No nested Txn: the path is one decision, the op numbers run through success,
         then failure."""
         self._parts: dict[tuple[int, int], ShardPart] = {}
@@ -97,14 +95,13 @@ class TxnPlan:
         return out
 
 
-def _visit(req: rpc_pb2.TxnRequest, tree: list[rpc_pb2.TxnRequest],
+def _visit(req: rpc_pb2.TxnRequest,
            compares: list[tuple[tuple[bytes, bytes, rpc_pb2.Compare], ...]],
            by_node: list[list[tuple[bytes, bytes]]], flat_ops: list[rpc_pb2.RequestOp],
            kinds: list[str], puts: list[tuple[int, bytes, int, bool]]) -> None:
-    """One pass over the tree for :class:`TxnPlan`: nodes in the fixed order, ops in op
-    order, and each node's ranges (its compares, then its own ops) kept apart, since a
-    nested node's come after all of its parent's."""
-    tree.append(req)
+    """One pass over the tree for :class:`TxnPlan`: each node's compares in the fixed
+    order of nodes, ops in op order, and each node's ranges (its compares, then its own
+    ops) kept apart, since a nested node's come after all of its parent's."""
     row = tuple((c.key, c.range_end, c) for c in req.compare)
     compares.append(row)
     own = [(key, end) for key, end, _c in row]
@@ -113,16 +110,14 @@ def _visit(req: rpc_pb2.TxnRequest, tree: list[rpc_pb2.TxnRequest],
         for op in branch:
             which = op.WhichOneof("request")
             if which == "request_txn":
-                _visit(op.request_txn, tree, compares, by_node, flat_ops, kinds, puts)
+                _visit(op.request_txn, compares, by_node, flat_ops, kinds, puts)
                 continue
+            pair = sharding.op_range(op, which)
+            if pair is not None:
+                own.append(pair)
             if which == "request_put":
                 p = op.request_put
-                own.append((p.key, b""))
                 puts.append((len(flat_ops), p.key, p.lease, p.ignore_value or p.ignore_lease))
-            elif which == "request_range":
-                own.append((op.request_range.key, op.request_range.range_end))
-            elif which == "request_delete_range":
-                own.append((op.request_delete_range.key, op.request_delete_range.range_end))
             flat_ops.append(op)
             kinds.append(which or "")
 
@@ -159,13 +154,9 @@ def all_ranges(req: rpc_pb2.TxnRequest) -> list[tuple[bytes, bytes]]:
     for node in nodes(req):
         pairs.extend((c.key, c.range_end) for c in node.compare)
         for op in (*node.success, *node.failure):
-            which = op.WhichOneof("request")
-            if which == "request_range":
-                pairs.append((op.request_range.key, op.request_range.range_end))
-            elif which == "request_put":
-                pairs.append((op.request_put.key, b""))
-            elif which == "request_delete_range":
-                pairs.append((op.request_delete_range.key, op.request_delete_range.range_end))
+            pair = sharding.op_range(op, op.WhichOneof("request"))
+            if pair is not None:
+                pairs.append(pair)
     return pairs
 
 

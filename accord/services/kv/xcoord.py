@@ -27,7 +27,7 @@ from accord.services.kv.intents import COMMITTED, Intent
 from accord.services.kv.limits import Limits
 from accord.services.kv.ranges import KeyRange
 from accord.services.kv.statemachine import KVStateMachine
-from accord.services.kv.txnplan import TxnPlan, all_ranges, plan_of
+from accord.services.kv.txnplan import TxnPlan, plan_of
 
 TXN_TIMEOUT_MS = 5_000
 """An intent's deadline after its prepare: past it, anyone may resolve it."""
@@ -103,9 +103,9 @@ class Coordinator:
             raise ValueError(f"{FAILPOINT_ENV} must be one of {FAILPOINT_STEPS}, not {step!r}")
         self.failpoint = step
 
-    async def _stop_at(self, step: str, req: rpc_pb2.TxnRequest) -> None:
+    async def _stop_at(self, step: str, plan: TxnPlan) -> None:
         if self.failpoint == step and any(
-                k.startswith(FAILPOINT_PREFIX) for k, _e in all_ranges(req)):
+                k.startswith(FAILPOINT_PREFIX) for k, _e in plan.ranges):
             await asyncio.Event().wait()
 
     def _now(self) -> int:
@@ -160,7 +160,7 @@ class Coordinator:
                 continue
             if folded:
                 want = max(a.rev for a in prepared)
-                await self._stop_at("after-prepare", req)
+                await self._stop_at("after-prepare", plan)
                 if self.broken_resolve_first:
                     # The broken variant: the participants' writes land before the decision
                     # (along the branch their own compares point to).
@@ -194,7 +194,7 @@ class Coordinator:
                     floor = max(a.rev for a in prepared) + 1
                     continue
                 rev, at = settled, 0
-                await self._stop_at("after-prepare", req)
+                await self._stop_at("after-prepare", plan)
                 path = xtxn.path_of(plan, xtxn.combine(plan, [a.compares for a in prepared]))
                 checks = {}
                 for a in prepared:
@@ -215,7 +215,7 @@ class Coordinator:
                     await self._abort(txn_id, shards)
                     self.stats["retries"] += 1
                     continue
-            await self._stop_at("after-decision", req)
+            await self._stop_at("after-decision", plan)
             rest_of = [] if self.broken_resolve_first else others
             if rest_of and not _needs_others(plan, path, record, n):
                 # The answer holds nothing but the revision from the other shards: give

@@ -120,11 +120,6 @@ def _path(req: rpc_pb2.TxnRequest, holds: Sequence[bool], n: int, out: list[bool
     return n
 
 
-def taken_ops(plan: TxnPlan, path: Sequence[bool]) -> list[tuple[int, rpc_pb2.RequestOp]]:
-    """``(op number, op)`` of the ops the path runs, in execution order."""
-    return plan.taken(path)
-
-
 def put_checks(
     ex: Executor, plan: TxnPlan, owns: Callable[[bytes], bool]
 ) -> dict[int, str]:
