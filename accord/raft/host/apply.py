@@ -15,6 +15,7 @@ itself rather than wake the task: its callers are answered one loop iteration so
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -126,14 +127,9 @@ class Applier:
         if fut is None or fut.done():
             # Nobody here waits for this entry's answer (another node's proposal, or one
             # replayed at start): a state machine that can skip building it does.
-            quiet = g.apply_unanswered
-            try:
-                if quiet is not None:
-                    quiet(e.index, payload)
-                else:
-                    g.sm.apply(e.index, payload)
-            except Exception:  # refused: its answer, which nobody here waits for
-                pass
+            apply: Callable[[int, bytes], object] = g.apply_unanswered or g.sm.apply
+            with contextlib.suppress(Exception):  # a refusal: its answer, unread here
+                apply(e.index, payload)
             return
         try:
             result: object = g.sm.apply(e.index, payload)
