@@ -23,6 +23,10 @@ Choices worth knowing:
 * Sends are lazy: proposals, acks and commit advances mark peers as needing an
   APP, and ``ready()`` builds the messages, so many proposals between two
   ``ready()`` calls travel in one APP per follower.
+* An APP that carries only the commit index to a follower whose progress already
+  matches it is marked ``COMMIT_ONLY`` and goes unanswered: its acknowledgement
+  would not move ``match``, and heartbeats keep the follower counted as active.
+  A follower that cannot append it (a gap: an APP was lost) still answers.
 * Reads requested between two ``ready()`` calls share one heartbeat round.
 * Committed CONF_CHANGE entries take effect in ``advance()``, i.e. once the
   caller has applied the ``committed_entries`` that carried them.
@@ -84,6 +88,10 @@ from accord.raft.core.types import (
 
 CAMPAIGN_TRANSFER = b"transfer"
 """Context of VOTE messages of a leadership-transfer campaign (bypasses leases)."""
+
+COMMIT_ONLY = b"commit"
+"""Context of an APP that only tells a caught-up follower the commit index: its
+acknowledgement would teach the leader nothing, so the follower sends none."""
 
 MT = MessageType
 
@@ -715,6 +723,8 @@ class RaftCore:
             return
         last_new = log.maybe_append(m.index, m.log_term, m.commit, m.entries)
         if last_new is not None:
+            if m.context == COMMIT_ONLY and not m.entries:
+                return  # the leader already knows we hold everything up to m.index
             self._send(Message(MT.APP_RESP, to=m.frm, frm=self._id, term=self._term,
                                index=last_new), persisted=True)
             return
@@ -753,6 +763,12 @@ class RaftCore:
     def _can_commit_by_counting(self, index: int) -> bool:
         """Only entries of the leader's own term commit by counting replicas (§5.4.2)."""
         return self._log.term(index) == self._term
+
+    def _answer_teaches_nothing(self, pr: Progress, prev: int, ents: list[Entry]) -> bool:
+        """Whether the follower's answer to an APP after ``prev`` carrying ``ents`` could
+        not move its progress: nothing new, sent to a follower known to hold ``prev``
+        (so the APP only carries the commit index). Heartbeats still report it alive."""
+        return not ents and pr.state == ProgressState.REPLICATE and pr.match >= prev
 
     def _read_index_allowed(self) -> bool:
         """A leader serves reads only once it has committed an entry of its own term."""
@@ -864,7 +880,9 @@ class RaftCore:
             nbytes += len(e.data)
         committed = log.committed
         self._send(Message(MT.APP, to=node, frm=self._id, term=self._term, log_term=prev_term,
-                           index=prev, entries=ents, commit=committed))
+                           index=prev, entries=ents, commit=committed,
+                           context=COMMIT_ONLY if self._answer_teaches_nothing(pr, prev, ents)
+                           else b""))
         told = min(committed, prev + len(ents))
         if told > pr.sent_commit:
             pr.sent_commit = told

@@ -107,7 +107,8 @@ class Message:
     Field use follows etcd raft's ``raftpb.Message``: ``index``/``log_term`` name
     the entry preceding ``entries`` (APP) or the candidate's last entry (VOTE);
     ``reject_hint``/``hint_term`` drive fast conflict backtracking; ``context``
-    carries ReadIndex request ids and campaign kinds.
+    carries ReadIndex request ids, campaign kinds, and marks an APP that only carries
+    the commit index (``raft.COMMIT_ONLY``, left unanswered).
     """
 
     type: MessageType

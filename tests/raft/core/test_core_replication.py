@@ -3,11 +3,13 @@ snapshots after compaction, the uncommitted bound and restarts."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from accord.raft.core.confchange import ConfChange
 from accord.raft.core.progress import ProgressState
-from accord.raft.core.raft import Config, RaftCore
+from accord.raft.core.raft import COMMIT_ONLY, Config, RaftCore
 from accord.raft.core.types import (
     Entry,
     HardState,
@@ -308,3 +310,54 @@ def test_lost_snapshot_ack_is_recovered_through_heartbeats() -> None:
     net.tick(2, nodes=[1])  # the heartbeat answer carries the follower's commit
     assert lead.progress[3].state == ProgressState.REPLICATE
     assert lead.progress[3].match == lead.last_index
+
+
+def _commit_notices(net: Net, frm: int) -> list[Message]:
+    return [m for m in net.sent if m.type == MT.APP and m.frm == frm and not m.entries]
+
+
+def test_a_caught_up_follower_leaves_a_commit_only_append_unanswered() -> None:
+    net = Net([1, 2, 3])
+    lead = net.elect(1)
+    net.sent.clear()
+    lead.propose(b"x")
+    net.stabilize()
+    notices = _commit_notices(net, 1)
+    assert sorted(m.to for m in notices) == [2, 3]
+    assert all(m.context == COMMIT_ONLY and m.commit == lead.last_index for m in notices)
+    # one answer per APP that carried the entry, none for the commit notices
+    answers = [m for m in net.sent if m.type == MT.APP_RESP]
+    assert sorted(m.frm for m in answers) == [2, 3]
+    for i in (2, 3):
+        assert net.cores[i].commit_index == lead.last_index
+        assert net.applied[i][-1][1] == b"x"
+        assert lead.progress[i].match == lead.last_index
+
+
+class _QuietToEveryone(RaftCore):
+    """Broken: marks every APP without entries unanswerable, even to a follower whose
+    acknowledgement of earlier entries the leader has not received."""
+
+    def _answer_teaches_nothing(self, pr: Any, prev: int, ents: list[Entry]) -> bool:
+        return not ents
+
+
+def _lost_ack_then_heartbeats(core_class: type[RaftCore]) -> int:
+    """The leader's ``match`` for follower 3 after its only acknowledgement was lost
+    and a few heartbeat rounds passed."""
+    net = Net([1, 2, 3])
+    net.cores[1] = core_class(Config(id=1, seed=1), PersistentState(), [1, 2, 3])
+    lead = net.elect(1)
+    net.msg_filter = lambda m: not (m.type == MT.APP_RESP and m.frm == 3)
+    lead.propose(b"x")
+    net.stabilize()  # committed through node 2; node 3 holds it, its answer was lost
+    assert net.cores[3].log.last_index() == lead.last_index
+    net.msg_filter = None
+    net.tick(3, nodes=[1])
+    return lead.progress[3].match
+
+
+def test_a_lost_acknowledgement_is_still_recovered_by_an_answered_empty_append() -> None:
+    assert _lost_ack_then_heartbeats(RaftCore) == 2
+    # the broken variant's empty APPs go unanswered: node 3's progress never moves
+    assert _lost_ack_then_heartbeats(_QuietToEveryone) == 1

@@ -1,7 +1,8 @@
 """Deliberately broken variants of the Raft core: the simulator must catch each of them.
 
-Each variant overrides exactly one of the core's test hooks (see raft_api.md) so
-that one safety rule of Raft is switched off:
+Each variant overrides exactly one of the core's test hooks (the "test hooks"
+section of ``accord/raft/core/raft.py``) so that one safety rule of Raft is
+switched off:
 
 * ``old-term-commit``: the leader commits entries of earlier terms by counting
   replicas (the bug of Figure 8 in the Raft paper);

@@ -26,13 +26,13 @@ from tests.raft.simulation.scenarios import figure8
 # variant -> (profile, nodes, ticks, recorded first catching seed, seeds searched,
 #             what the violation must name)
 EXPECTED: dict[str, tuple[str, int, int, int, int, tuple[str, ...]]] = {
-    "read-no-term-check": ("chaos", 3, 150, 13, 60, ("linearizability",)),
-    "vote-no-log-check": ("plain", 3, 150, 0, 60, ("leader completeness", "state machine safety",
+    "read-no-term-check": ("chaos", 3, 150, 5, 60, ("linearizability",)),
+    "vote-no-log-check": ("plain", 3, 150, 3, 60, ("leader completeness", "state machine safety",
                                                    "overwrites committed")),
     "old-term-commit": ("figure8", 3, 300, 32, 400, ("leader completeness",
                                                      "state machine safety",
                                                      "overwrites committed")),
-    "lease-forever": ("lease", 3, 150, 10, 60, ("linearizability",)),
+    "lease-forever": ("lease", 3, 150, 13, 60, ("linearizability",)),
     "acks-before-persist": ("crashes", 3, 150, 0, 60, ("before persisting", "on disk")),
     "never-ticks": ("calm", 3, 150, 0, 60, ("liveness",)),
 }
