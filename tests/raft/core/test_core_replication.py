@@ -3,12 +3,10 @@ snapshots after compaction, the uncommitted bound and restarts."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from accord.raft.core.confchange import ConfChange
-from accord.raft.core.progress import ProgressState
+from accord.raft.core.progress import Progress, ProgressState
 from accord.raft.core.raft import COMMIT_ONLY, Config, RaftCore
 from accord.raft.core.types import (
     Entry,
@@ -338,7 +336,7 @@ class _QuietToEveryone(RaftCore):
     """Broken: marks every APP without entries unanswerable, even to a follower whose
     acknowledgement of earlier entries the leader has not received."""
 
-    def _answer_teaches_nothing(self, pr: Any, prev: int, ents: list[Entry]) -> bool:
+    def _answer_teaches_nothing(self, pr: Progress, prev: int, ents: list[Entry]) -> bool:
         return not ents
 
 
