@@ -15,6 +15,7 @@ import contextlib
 import random
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -755,3 +756,19 @@ async def test_a_late_prepare_decide_after_recovery_aborted_the_record_is_refuse
         [], {}, 0))
     assert isinstance(late, xcommands.Prepared) and not late.ok and late.reason == "decided"
     assert sm.revision == rev and not (await b.range(pb.RangeRequest(key=k0))).kvs
+
+
+@pytest.mark.parametrize("body", [
+    [xcommands.XFORMAT, {"kind": 1}, 5],  # kind not a number (unhashable)
+    [xcommands.XFORMAT, True, 1, -1, 0, 0, 8, 0, 0, b""],  # kind a boolean, a prepare's size
+    [xcommands.XFORMAT, 99, 1],  # no such kind
+    [xcommands.XFORMAT, int(xcommands.XKind.PREPARE), 1, -1],  # a prepare's fields short
+])
+def test_malformed_cross_shard_commands_are_refused_and_change_nothing(body: list[Any]) -> None:
+    sm = KVStateMachine()
+    before = sm.snapshot()
+    with pytest.raises(EtcdError) as e:
+        sm.apply(msgpack.packb(body, use_bin_type=True))
+    assert "malformed KV command" in e.value.message
+    assert sm.snapshot() == before
+    assert not sm.intents.intents
