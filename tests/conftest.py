@@ -9,6 +9,11 @@ The watchdog: a test that runs longer than ``ACCORD_TEST_WATCHDOG_S`` (default 3
 ``ACCORD_TEST_WATCHDOG_FILE`` (``scripts/test`` prints it; pytest has captured stderr by
 then) and the run stops, so CI fails at once with where it hung instead of waiting out
 its own limit.
+
+Two workers (``scripts/test`` runs pytest-xdist with ``-n 2``): the daemon tests of
+``tests/integration`` run one after another on one worker, first, while the other
+worker takes everything else, a module at a time. Each daemon test is sized by a fault's deadlines
+for a machine with a core to spare, so two of them never run side by side.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from hypothesis import HealthCheck, settings
 
 WATCHDOG_S = float(os.environ.get("ACCORD_TEST_WATCHDOG_S", "300"))
 _WATCHDOG_FILE = os.environ.get("ACCORD_TEST_WATCHDOG_FILE", "")
-_watchdog_out = open(_WATCHDOG_FILE, "w") if _WATCHDOG_FILE else sys.stderr
+# Appended to: each xdist worker opens it.
+_watchdog_out = open(_WATCHDOG_FILE, "a") if _WATCHDOG_FILE else sys.stderr
 
 
 @pytest.fixture(autouse=True)
@@ -50,3 +56,30 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+DAEMON_TESTS = "tests/integration/"
+"""The directory whose tests run real daemons under fault deadlines (see the docstring)."""
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to under xdist: every daemon test one unit, any
+    other test its module (whose tests then share a module-scoped cluster, in order)."""
+    return "daemons" if nodeid.startswith(DAEMON_TESTS) else nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called only under it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scheduling by scope, with :func:`work_unit` as the scope."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class DaemonsApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return DaemonsApart(config, log)  # type: ignore[arg-type]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The daemon tests first: their unit is the longest, so it starts at once."""
+    items.sort(key=lambda i: not i.nodeid.startswith(DAEMON_TESTS))
