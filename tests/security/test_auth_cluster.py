@@ -167,6 +167,7 @@ def test_a_revoke_on_one_member_stops_the_token_on_another_at_once(cluster: Proc
 def test_auth_survives_restarts_and_snapshots(cluster: ProcCluster) -> None:
     n1, _, n3 = cluster.nodes
     root = login(n1, "root")
+    n1.kv().Put(rpc_pb2.PutRequest(key=b"/t/r", value=b"v"), metadata=md(root), timeout=T)
     for i in range(40):  # past --snapshot-count: the meta group snapshots and truncates
         auth(n1).RoleAdd(rpc_pb2.AuthRoleAddRequest(name=f"extra{i}"), metadata=md(root),
                          timeout=T)
