@@ -10,10 +10,11 @@ The watchdog: a test that runs longer than ``ACCORD_TEST_WATCHDOG_S`` (default 3
 then) and the run stops, so CI fails at once with where it hung instead of waiting out
 its own limit.
 
-Two workers (``scripts/test`` runs pytest-xdist with ``-n 2``): the daemon tests of
+Two workers (``scripts/test`` runs pytest-xdist with ``-n 2``): the tests of
 ``tests/integration`` run one after another on one worker, first, while the other
-worker takes everything else, a module at a time. Each daemon test is sized by a fault's deadlines
-for a machine with a core to spare, so two of them never run side by side.
+worker takes everything else, a module at a time. Those tests kill, pause and cut off
+real daemons and are sized by the faults' deadlines, so no two of them run side by side;
+the daemons of other directories (auth, compatibility, locks) do run beside them.
 """
 
 from __future__ import annotations
