@@ -7,8 +7,9 @@ least 10,000 examples per property for long soak runs.
 The watchdog: a test that runs longer than ``ACCORD_TEST_WATCHDOG_S`` (default 300 s,
 12x the slowest test) is hung, not slow; every thread's stack is written to
 ``ACCORD_TEST_WATCHDOG_FILE`` (``scripts/test`` prints it; pytest has captured stderr by
-then) and the run stops, so CI fails at once with where it hung instead of waiting out
-its own limit.
+then) and the test's process ends, so CI fails with where it hung instead of waiting
+out its own limit (under xdist that process is a worker, which ``scripts/test`` does not
+let xdist replace: a replacement would run the hung test again).
 
 Two workers (``scripts/test`` runs pytest-xdist with ``-n 2``): the tests of
 ``tests/integration`` run one after another on one worker, first, while the other
