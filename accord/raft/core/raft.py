@@ -279,7 +279,8 @@ class RaftCore:
         return HardState(self._term, self._vote, self._log.committed)
 
     # ------------------------------------------------------------------ test hooks
-    # (_can_commit_by_counting and _read_index_allowed are in the leader section below)
+    # (_can_commit_by_counting, _answer_teaches_nothing and _read_index_allowed are in
+    # the leader section below)
     def _log_is_up_to_date(self, last_term: int, last_index: int) -> bool:
         """Grant a vote only to a candidate whose log is at least as up to date (§5.4.1)."""
         return self._log.is_up_to_date(last_term, last_index)
