@@ -84,4 +84,4 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The daemon tests first: their unit is the longest, so it starts at once."""
-    items.sort(key=lambda i: not i.nodeid.startswith(DAEMON_TESTS))
+    items.sort(key=lambda i: work_unit(i.nodeid) != "daemons")
