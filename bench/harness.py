@@ -75,12 +75,19 @@ def rss_bytes(pid: int) -> int:
     raise OSError(f"no VmRSS for pid {pid}")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time consumed so far by ``pid`` (all its threads)."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds consumed so far by ``pid`` (all its threads)."""
     with open(f"/proc/{pid}/stat") as f:
         data = f.read()
     fields_ = data[data.rindex(")") + 2:].split()
-    return (int(fields_[11]) + int(fields_[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields_[11]) / tick, int(fields_[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time consumed so far by ``pid`` (all its threads)."""
+    user, system = cpu_times(pid)
+    return user + system
 
 
 def children(pid: int) -> list[int]:

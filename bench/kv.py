@@ -65,7 +65,7 @@ from bench.harness import (  # noqa: E402
     Cluster,
     EtcdCluster,
     Harness,
-    cpu_seconds,
+    cpu_times,
     enable_auth,
     machine,
 )
@@ -163,15 +163,15 @@ def profile_accord(lg: LoadGen, c: Cluster, spec: Spec, seconds: float, out_dir:
             "accord_inclusive": [[f, round(p, 2)] for f, p in incl]}
 
 
-def work_per_op(c: Cluster, before: dict[str, float], after: dict[str, float], cpu: float,
-                ops: int) -> dict[str, float]:
+def work_per_op(c: Cluster, before: dict[str, float], after: dict[str, float], user: float,
+                system: float, ops: int) -> dict[str, float]:
     """What accord did per operation of a cell, from its counters before and after the
     run (the cell's setup included, which the cells measured here keep small): CPU of
-    all members (us), Raft entries applied by each member, Raft messages sent and WAL
-    writes of all members, cross-shard Txn retries."""
+    all members (us; and of it, the time in the kernel), Raft entries applied by each
+    member, Raft messages sent and WAL writes of all members, cross-shard Txn retries."""
     if not before or ops <= 0:
         return {}
-    out = {"cpu_us": cpu * 1e6 / ops}
+    out = {"cpu_us": (user + system) * 1e6 / ops, "sys_us": system * 1e6 / ops}
     for name, key in WORK_COUNTERS:
         delta = after.get(name, 0.0) - before.get(name, 0.0)
         out[key] = delta / ops / (len(c.members) if key == "entries" else 1)
@@ -274,11 +274,14 @@ def main(argv: list[str] | None = None) -> int:
                     spec.token = tokens.get(name, "")
                     counted = c if name == "accord" and isinstance(c, AccordCluster) else None
                     before = counted.counters(names) if counted else {}
-                    cpu = sum(cpu_seconds(p) for p in c.pids) if counted else 0.0
+                    cpu0 = [cpu_times(p) for p in c.pids] if counted else []
                     r = lg.run(spec)
                     if counted:
-                        cpu = sum(cpu_seconds(p) for p in c.pids) - cpu
-                        w = work_per_op(c, before, counted.counters(names), cpu, r.ops)
+                        cpu1 = [cpu_times(p) for p in c.pids]
+                        user = sum(b[0] - a[0] for a, b in zip(cpu0, cpu1, strict=True))
+                        system = sum(b[1] - a[1] for a, b in zip(cpu0, cpu1, strict=True))
+                        w = work_per_op(c, before, counted.counters(names), user, system,
+                                        r.ops)
                         if w:
                             work.setdefault(cell, []).append(w)
                     results.setdefault((cell, name), []).append(r)
@@ -348,17 +351,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt(n_ratio):>7}")
     print("(watch: ops/s = events delivered/s, p99 = delivery latency; lease: keepalives/s)")
     if work:
-        print("\naccord's work per operation (medians; CPU, messages and WAL writes of all "
-              "members, entries of each):")
-        print(f"{'cell':<11}{'CPU us':>9}{'entries':>9}{'raft msgs':>11}{'WAL writes':>12}"
-              f"{'xtxn retries':>14}")
+        print("\naccord's work per operation (medians; CPU of all members and the kernel's "
+              "part of it, messages and WAL writes of all members, entries of each):")
+        print(f"{'cell':<11}{'CPU us':>9}{'of it sys':>10}{'entries':>9}{'raft msgs':>11}"
+              f"{'WAL writes':>12}{'xtxn retries':>14}")
         for cell in cells:
             if cell not in work:
                 continue
             w = {k: median([x[k] for x in work[cell]]) for k in work[cell][0]}
             table[cell].setdefault("accord", {})["work"] = w
-            print(f"{cell:<11}{w['cpu_us']:>9.0f}{w['entries']:>9.2f}{w['raft_msgs']:>11.2f}"
-                  f"{w['wal_writes']:>12.2f}{w['xtxn_retries']:>14.3f}")
+            print(f"{cell:<11}{w['cpu_us']:>9.0f}{w['sys_us']:>10.0f}{w['entries']:>9.2f}"
+                  f"{w['raft_msgs']:>11.2f}{w['wal_writes']:>12.2f}{w['xtxn_retries']:>14.3f}")
     for cell in cells:
         f = table[cell].get("floor")
         if f:
