@@ -11,9 +11,11 @@ read-only copy, fed by worker 0 over the forwarding socket (``forward.py``):
   and configuration entries); ``serve`` answers a copy's "what came after index ``i``"
   with the entries after ``i``, or, when the ring no longer reaches back to ``i`` (or
   the machine was restored from a snapshot the copy did not see), with a snapshot of the
-  machine and its index first. A copy that is up to date is answered when the next entry
-  is applied or after ``wait_s`` (a long poll), so an idle node sends one small call per
-  ``wait_s``.
+  machine and its index first. A copy that is up to date is answered when the group's
+  applied index next moves (an entry applied, or one without a command passed:
+  ``note_applied``) or after ``wait_s`` (a long poll), so an idle node sends one small
+  call per ``wait_s``. Without the second, a worker's freshness barrier after the meta
+  group's leader changed (its new leader's empty entry) waited out the poll: seconds.
 * ``MetaCopy`` on worker ``k > 0`` applies what the feed sends to its own machine of the
   same kind, in order, refusing an entry whose ``prev`` it has not reached (an entry
   skipped), and offers ``wait_applied(index)``: the freshness barrier, where worker 0
@@ -85,6 +87,11 @@ class MetaFeed:
             self._from = self._ring.popleft()[1]
         self._changed.set()
         return result
+
+    def note_applied(self, index: int) -> None:
+        """The host passed entries without a command (``AppliedIndexListener``): the
+        applied index moved, so a copy waiting for it is answered now."""
+        self._changed.set()
 
     def prepare_snapshot(self) -> Callable[[], bytes]:
         """The machine's own."""

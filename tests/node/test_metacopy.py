@@ -50,13 +50,20 @@ class Worker0:
         self.feed.apply(self.applied, msgpack.packb([k, v]))
 
 
+    def empty(self) -> None:
+        """An entry without a command (a new leader's), passed as the host passes it."""
+        self.applied += 1
+        self.feed.note_applied(self.applied)
+
+
 @contextlib.asynccontextmanager
-async def wired(tmp_path: Path, w0: Worker0) -> AsyncIterator[tuple[ForwardServer, MetaCopy]]:
+async def wired(tmp_path: Path, w0: Worker0,
+                wait_s: float = 0.5) -> AsyncIterator[tuple[ForwardServer, MetaCopy]]:
     sock = tmp_path / "worker-0.sock"
     server = ForwardServer(sock, {metacopy.METHOD: w0.feed.serve})
     await server.start()
     client = ForwardClient(sock)
-    copy = MetaCopy(Register(), client, wait_s=0.5, retry_s=0.05)
+    copy = MetaCopy(Register(), client, wait_s=wait_s, retry_s=0.05)
     task = asyncio.ensure_future(copy.run())
     try:
         yield server, copy
@@ -139,6 +146,27 @@ async def test_a_copy_follows_across_the_logs_empty_entries(tmp_path: Path) -> N
         await asyncio.wait_for(copy.wait_applied(9), 10)
         assert state(copy.machine) == {"a": "1", "b": "2", "c": "3"}
         assert copy.machine.indexes == [1, 4, 6]
+
+
+async def test_an_up_to_date_copy_learns_an_empty_entry_without_waiting_out_its_poll(
+    tmp_path: Path,
+) -> None:
+    """The meta group's leader changed: its new leader's empty entry moves the applied
+    index and nothing else. A worker's freshness barrier waits for its copy to reach
+    that index, so the copy's long poll must end then, not after its 30 s (which the
+    barrier's own bound of 5 s would not outlast: every call checked there failed)."""
+    w0 = Worker0(keep=100)
+    async with wired(tmp_path, w0, wait_s=30.0) as (_, copy):
+        w0.apply("a", "1")
+        await asyncio.wait_for(copy.wait_applied(1), 10)
+        await asyncio.sleep(0.1)  # the copy's next long poll is waiting at worker 0
+        w0.empty()
+        await asyncio.wait_for(copy.wait_applied(2), 5)
+        w0.empty()
+        w0.empty()
+        w0.apply("b", "2")
+        await asyncio.wait_for(copy.wait_applied(5), 5)
+        assert state(copy.machine) == {"a": "1", "b": "2"} and copy.machine.indexes == [1, 5]
 
 
 async def test_a_restarted_worker0_is_followed_from_its_own_log(tmp_path: Path) -> None:

@@ -107,6 +107,7 @@ class Applier:
             g.last_snapshot_bytes, g.applied_bytes = len(snap.data), 0
         q = g.apply_queue
         n = 0
+        without_command = False
         while q and n < self.config.max_apply_batch:
             e = q.popleft()
             n += 1
@@ -115,8 +116,12 @@ class Applier:
             if e.type == EntryType.NORMAL and e.data:
                 self._apply_entry(g, e)
                 g.applied_bytes += len(e.data)
+            else:
+                without_command = True
             g.applied = e.index
             g.applied_term = e.term
+        if without_command and g.note_applied is not None:
+            g.note_applied(g.applied)
         if g.reads_waiting:
             ReadRounds.release(g)
         return not q

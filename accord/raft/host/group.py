@@ -48,6 +48,18 @@ class AnswerOptional(Protocol):
         change, no answer (a refusal may still raise, and is ignored as ``apply``'s)."""
 
 
+class AppliedIndexListener(Protocol):
+    """A state machine that wants to know when the group's applied index moves over
+    entries that carried no command (a new leader's empty entry, a configuration
+    change): the host applies nothing then, so without this a reader that waits for the
+    applied index to move (``MetaFeed``'s long poll) would not learn of it until
+    something else woke it."""
+
+    def note_applied(self, index: int) -> None:
+        """The group's applied index is now ``index``; the entries up to it that were not
+        handed to ``apply`` carried no command."""
+
+
 class Transport(Protocol):
     """The part of ``PeerTransport`` the host uses."""
 
@@ -173,9 +185,12 @@ class Group:
     """``(term, reads answered)`` of the core when the fence was last appended."""
     apply_unanswered: Callable[[int, bytes], None] | None = field(init=False)
     """The state machine's ``apply_unanswered`` (:class:`AnswerOptional`), or None."""
+    note_applied: Callable[[int], None] | None = field(init=False)
+    """The state machine's ``note_applied`` (:class:`AppliedIndexListener`), or None."""
 
     def __post_init__(self) -> None:
         self.apply_unanswered = getattr(self.sm, "apply_unanswered", None)
+        self.note_applied = getattr(self.sm, "note_applied", None)
 
     @property
     def leader(self) -> int:

@@ -242,6 +242,49 @@ async def test_a_proposal_made_before_any_leader_waits_for_the_election(
         await c.stop()
 
 
+@dataclass
+class ListeningRegister(Register):
+    """A :class:`Register` that hears of entries without a command
+    (``AppliedIndexListener``): the applied index each time it is told."""
+
+    noted: list[int] = field(default_factory=list)
+
+    def note_applied(self, index: int) -> None:
+        self.noted.append(index)
+
+
+class ListeningCluster(Cluster):
+    machine = ListeningRegister
+
+
+async def test_a_new_leaders_empty_entry_is_noted_to_a_listening_machine(
+    tmp_path: Path,
+) -> None:
+    """The host hands ``apply`` only entries with a command. A state machine that
+    listens is told when the applied index passes the others (here a new leader's empty
+    entry after a transfer), on every node, so that whoever waits on the applied index
+    there (a worker's copy of the meta group) learns of it at once."""
+    async for c in running_cluster(tmp_path, ListeningCluster):
+        lead = await c.leader(1)
+        before = await c.put(lead, 1, "a", "1")
+        assert isinstance(before, int)
+        target = next(n for n in (1, 2, 3) if n != lead)
+        c.nodes[lead].host.transfer_leader(1, target)
+        for _ in range(200):
+            if c.nodes[target].host.group(1).core.role == Role.LEADER:
+                break
+            await asyncio.sleep(0.02)
+        after = await c.put(target, 1, "b", "2")
+        assert isinstance(after, int) and after > before + 1  # the empty entry between
+        for n in (1, 2, 3):
+            await c.nodes[n].host.read_barrier(1)
+        for n in (1, 2, 3):
+            sm = c.nodes[n].sms[1]
+            assert isinstance(sm, ListeningRegister)
+            assert [i for i, _ in sm.applied] == [before, after]
+            assert any(before < i <= after for i in sm.noted), (n, before, after, sm.noted)
+
+
 async def test_a_proposal_the_leader_refuses_during_a_transfer_is_forwarded_again(
     cluster: Cluster,
 ) -> None:
