@@ -52,8 +52,8 @@ class AppliedIndexListener(Protocol):
     """A state machine that wants to know when the group's applied index moves over
     entries that carried no command (a new leader's empty entry, a configuration
     change): the host applies nothing then, so without this a reader that waits for the
-    applied index to move (``MetaFeed``'s long poll) would not learn of it until
-    something else woke it."""
+    applied index to move (a long poll that copies the group's state elsewhere) would
+    not learn of it until something else woke it."""
 
     def note_applied(self, index: int) -> None:
         """The group's applied index is now ``index``; the entries up to it that were not
