@@ -60,10 +60,6 @@ FORMATS_WAIT_ELECTIONS = 2
 advertisement (``ReplicatedBackend.settle_formats``)."""
 FORMATS_POLL_S = 0.01
 """How often that wait looks at the member table."""
-FORMATS_READ_ELECTIONS = 2
-"""Election timeouts the meta group is then given to answer a read, when an
-advertisement is still missing (a replica that lags learns it then; a member cut off
-from the others serves after it, as before)."""
 
 _UNAVAILABLE = {
     "no leader": errors.NO_LEADER,
@@ -169,19 +165,17 @@ class ReplicatedBackend(StateMachineBackend):
         only lag: a restarted member applies the meta group's entries it holds only once
         the leader tells it their commit index (the commit index is written with the
         next write, and the advertisements are often the group's last). So the meta group
-        is read once (for at most :data:`FORMATS_READ_ELECTIONS` election timeouts)
-        before the table is believed: without it, a member restarted into an upgraded
-        cluster refused multi-shard Txns as too old and gave shard-local revisions until
-        its replica caught up."""
+        is read once (bounded by the request timeout) before the table is believed:
+        without it, a member restarted into an upgraded cluster refused multi-shard Txns
+        as too old and gave shard-local revisions until its replica caught up."""
         if self.node.cluster.min_command_format() < COMMAND_FORMAT:
-            election = self.node.config.election_timeout / 1000
-            wait = FORMATS_WAIT_ELECTIONS * election
+            wait = FORMATS_WAIT_ELECTIONS * self.node.config.election_timeout / 1000
             while (self.node.cluster.min_command_format() < COMMAND_FORMAT
                    and time.monotonic() < self._made + wait):
                 await asyncio.sleep(FORMATS_POLL_S)
             if self.node.cluster.min_command_format() < COMMAND_FORMAT:
-                with contextlib.suppress(GroupUnavailable, EtcdError, TimeoutError):
-                    await self.node.read_meta(FORMATS_READ_ELECTIONS * election)
+                with contextlib.suppress(GroupUnavailable, EtcdError):
+                    await self.node.read_meta()
         self.formats_settled = True
 
     @property

@@ -74,6 +74,6 @@ class NodeParts(Protocol):
     def members(self) -> MemberChangesLike:
         """The member-change driver."""
 
-    async def read_meta(self, timeout: float) -> None:
+    async def read_meta(self) -> None:
         """Bring this process's meta state up to the meta group's as of the call
         (``Node.read_meta``)."""

@@ -145,8 +145,8 @@ async def test_a_restarted_member_reads_the_meta_group_before_believing_its_tabl
         lagging = {"until_read": True}
         read_meta = Node.read_meta
 
-        async def read_then_caught_up(self: Node, timeout: float) -> None:
-            await read_meta(self, timeout)
+        async def read_then_caught_up(self: Node) -> None:
+            await read_meta(self)
             lagging["until_read"] = False
 
         monkeypatch.setattr(Node, "read_meta", read_then_caught_up)
