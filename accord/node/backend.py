@@ -159,23 +159,12 @@ class ReplicatedBackend(StateMachineBackend):
         :data:`FORMATS_WAIT_ELECTIONS` election timeouts after this backend was made
         (a new cluster's members advertise within a meta-group round of its first
         election); then, or once the time is up (a member down, or of an older version:
-        the gates stay closed as ``docs/operations.md`` says), never again.
-
-        When the time is up with an advertisement missing, the member table here may
-        only lag: a restarted member applies the meta group's entries it holds only once
-        the leader tells it their commit index (the commit index is written with the
-        next write, and the advertisements are often the group's last). So the meta group
-        is read once (bounded by the request timeout) before the table is believed:
-        without it, a member restarted into an upgraded cluster refused multi-shard Txns
-        as too old and gave shard-local revisions until its replica caught up."""
+        the gates stay closed as ``docs/operations.md`` says), never again."""
         if self.node.cluster.min_command_format() < COMMAND_FORMAT:
             wait = FORMATS_WAIT_ELECTIONS * self.node.config.election_timeout / 1000
             while (self.node.cluster.min_command_format() < COMMAND_FORMAT
                    and time.monotonic() < self._made + wait):
                 await asyncio.sleep(FORMATS_POLL_S)
-            if self.node.cluster.min_command_format() < COMMAND_FORMAT:
-                with contextlib.suppress(GroupUnavailable, EtcdError):
-                    await self.node.read_meta()
         self.formats_settled = True
 
     @property

@@ -73,7 +73,3 @@ class NodeParts(Protocol):
     @property
     def members(self) -> MemberChangesLike:
         """The member-change driver."""
-
-    async def read_meta(self) -> None:
-        """Bring this process's meta state up to the meta group's as of the call
-        (``Node.read_meta``)."""

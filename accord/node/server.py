@@ -409,16 +409,6 @@ class Node:
         self._forward_server = ForwardServer(plan.forward_socket(base, self.worker), served)
         await self._forward_server.start()
 
-    async def read_meta(self) -> None:
-        """Bring this process's meta state (the member table, the shard map, auth) up to
-        the meta group's as of this call: a ReadIndex on the meta group here, or, on a
-        worker without it, worker 0's and then this worker's copy caught up. Raises
-        ``GroupUnavailable`` or ``EtcdError`` when the meta group cannot answer in time."""
-        if self.meta_copy is not None:
-            await self._meta_barrier()
-        else:
-            await self.host.read_barrier(META_GROUP)
-
     async def _meta_barrier(self) -> None:
         """On a worker without the meta group: a ReadIndex on it in worker 0, then this
         worker's copy caught up to what worker 0 had applied (the auth guard's freshness

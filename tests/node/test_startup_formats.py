@@ -14,9 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from accord.client import AccordClient
 from accord.node import backend as node_backend
-from accord.node.backend import COMMAND_FORMAT
 from accord.node.server import Node
 from accord.proto import rpc_pb2 as pb
 from accord.services.kv.sharding import shard_of
@@ -127,40 +125,3 @@ async def test_a_member_that_never_advertises_holds_the_first_calls_for_a_while_
         async with asyncio.timeout(10):
             revs, txn_ok = await _first_calls(c, held)
         assert len(revs) == 12 and not txn_ok
-
-
-async def test_a_restarted_member_reads_the_meta_group_before_believing_its_table(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A member restarted into a cluster whose members all advertised the newest format
-    may hold those advertisements unapplied: it applies the meta group's entries only
-    once the leader tells it their commit index. Here its table stays the old one until
-    the member reads the meta group (as a replica that has not heard the leader yet), and
-    the time bound is over at once: its first calls must read the meta group before
-    they believe the table, so a multi-shard Txn through it is served, not refused."""
-    monkeypatch.setattr(node_backend, "FORMATS_WAIT_ELECTIONS", 0)
-    async with cluster(nodes=3, shards=SHARDS) as c:
-        keys = _keys_on_every_shard()
-        await c.client().put(keys[0], "before")
-        await c.kill(2)
-        lagging = {"until_read": True}
-        read_meta = Node.read_meta
-
-        async def read_then_caught_up(self: Node) -> None:
-            await read_meta(self)
-            lagging["until_read"] = False
-
-        monkeypatch.setattr(Node, "read_meta", read_then_caught_up)
-        await c.restart(2)
-        node = c.nodes[2].node
-        assert node is not None
-        table = node.cluster.min_command_format
-        monkeypatch.setattr(node.cluster, "min_command_format",
-                            lambda: 1 if lagging["until_read"] else table())
-        assert not node.backend.formats_settled
-        client = AccordClient([c.nodes[2].endpoint], call_timeout_s=5.0, retry_budget_s=5.0)
-        try:
-            await client.txn_raw(pb.TxnRequest(success=[op_put(keys[0].encode(), b"t"),
-                                                        op_put(keys[1].encode(), b"t")]))
-        finally:
-            await client.close()
-        assert not lagging["until_read"] and table() >= COMMAND_FORMAT
