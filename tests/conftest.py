@@ -15,8 +15,7 @@ Two workers (``scripts/test`` runs pytest-xdist with ``-n 2``): the tests of
 ``tests/integration`` run one after another on one worker, first, while the other
 worker takes everything else, a module at a time. Those tests kill, pause and cut off
 real daemons and are sized by the faults' deadlines, so no two of them run side by side;
-the daemons of other directories (auth, compatibility, locks) and the integration
-modules that inject no fault (``CALM_DAEMON_MODULES``) do run beside them.
+the daemons of other directories (auth, compatibility, locks) do run beside them.
 """
 
 from __future__ import annotations
@@ -63,22 +62,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 DAEMON_TESTS = "tests/integration/"
 """The directory whose tests run real daemons under fault deadlines (see the docstring)."""
-CALM_DAEMON_MODULES = frozenset(f"{DAEMON_TESTS}{name}.py" for name in (
-    "test_cli", "test_client_docs", "test_clock_skew", "test_shards", "test_version_gate",
-    "test_xshard_lease"))
-"""Modules of that directory that kill, pause and cut off nothing and wait on no failure
-detector: they run beside the others as any module does, which takes ~40 s off the
-daemon unit, the longest."""
 
 
 def work_unit(nodeid: str) -> str:
-    """The unit of work a test belongs to under xdist: every daemon test under a fault's
-    deadlines one unit, any other test its module (whose tests then share a module-scoped
-    cluster, in order)."""
-    module = nodeid.split("::", 1)[0]
-    if module.startswith(DAEMON_TESTS) and module not in CALM_DAEMON_MODULES:
-        return "daemons"
-    return module
+    """The unit of work a test belongs to under xdist: every daemon test one unit, any
+    other test its module (whose tests then share a module-scoped cluster, in order)."""
+    return "daemons" if nodeid.startswith(DAEMON_TESTS) else nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called only under it
