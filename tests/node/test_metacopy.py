@@ -49,7 +49,6 @@ class Worker0:
         self.applied += 1
         self.feed.apply(self.applied, msgpack.packb([k, v]))
 
-
     def empty(self) -> None:
         """An entry without a command (a new leader's), passed as the host passes it."""
         self.applied += 1
