@@ -60,6 +60,11 @@ FORMATS_WAIT_ELECTIONS = 2
 advertisement (``ReplicatedBackend.settle_formats``)."""
 FORMATS_POLL_S = 0.01
 """How often that wait looks at the member table."""
+FORMATS_CATCH_UP_S = 7.0
+"""Seconds after start a restarted member's first KV calls may spend reading the meta
+group before they believe a table that misses an advertisement (the request timeout)."""
+FORMATS_RETRY_S = 0.1
+"""Pause between two reads of the meta group that failed (no leader yet, no link yet)."""
 
 _UNAVAILABLE = {
     "no leader": errors.NO_LEADER,
@@ -142,6 +147,7 @@ class ReplicatedBackend(StateMachineBackend):
         first shard's where shard 0 is another worker's."""
         self.formats_settled = False
         self._made = time.monotonic()
+        self._catching_up: asyncio.Future[None] | None = None
 
     @property
     def _group(self) -> Any:
@@ -159,13 +165,38 @@ class ReplicatedBackend(StateMachineBackend):
         :data:`FORMATS_WAIT_ELECTIONS` election timeouts after this backend was made
         (a new cluster's members advertise within a meta-group round of its first
         election); then, or once the time is up (a member down, or of an older version:
-        the gates stay closed as ``docs/operations.md`` says), never again."""
+        the gates stay closed as ``docs/operations.md`` says), never again.
+
+        A restarted member's table may only lag: it holds the advertisements it
+        replicated before, but applies them only once the leader tells it their commit
+        index (the advertisements are often the meta group's last entries, so nothing
+        tells it soon). So a restarted member that misses an advertisement first reads
+        the meta group (:meth:`_catch_up_meta`); without it, it refused multi-shard Txns
+        as if a member were older and gave shard-local revisions until its replica
+        caught up. A new member (or one whose data directory is empty) has nothing to
+        catch up and keeps the short bound: one cut off from the others serves after it."""
         if self.node.cluster.min_command_format() < COMMAND_FORMAT:
+            if self.node.restarted:
+                if self._catching_up is None:
+                    self._catching_up = asyncio.ensure_future(self._catch_up_meta())
+                await asyncio.shield(self._catching_up)
             wait = FORMATS_WAIT_ELECTIONS * self.node.config.election_timeout / 1000
             while (self.node.cluster.min_command_format() < COMMAND_FORMAT
                    and time.monotonic() < self._made + wait):
                 await asyncio.sleep(FORMATS_POLL_S)
         self.formats_settled = True
+
+    async def _catch_up_meta(self) -> None:
+        """Read the meta group until a read succeeds (this process's meta state is then
+        the group's as of the read) or :data:`FORMATS_CATCH_UP_S` after start have passed
+        (no quorum answered: the table is believed as it stands)."""
+        deadline = self._made + FORMATS_CATCH_UP_S
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                await self.node.read_meta(left)
+                return
+            except (GroupUnavailable, EtcdError, TimeoutError):
+                await asyncio.sleep(min(FORMATS_RETRY_S, max(0.0, deadline - time.monotonic())))
 
     @property
     def compact_commands(self) -> bool:

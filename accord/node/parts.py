@@ -73,3 +73,12 @@ class NodeParts(Protocol):
     @property
     def members(self) -> MemberChangesLike:
         """The member-change driver."""
+
+    @property
+    def restarted(self) -> bool:
+        """Whether this process started from a log it had written before (a restart),
+        so that its copy of the meta state may lag the meta group's."""
+
+    async def read_meta(self, timeout: float) -> None:
+        """Bring this process's meta state up to the meta group's as of the call
+        (``Node.read_meta``)."""

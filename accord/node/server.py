@@ -178,6 +178,8 @@ class Node:
         self._forward_clients: dict[int, ForwardClient] = {}
         self.meta_copy: MetaCopy | None = None
         """The meta state fed by worker 0 (workers > 0 only)."""
+        self.restarted = False
+        """Whether the log held this process's groups at start (``NodeParts.restarted``)."""
 
     @property
     def hosted_shards(self) -> list[int]:
@@ -212,6 +214,7 @@ class Node:
             functools.partial(WriteAheadLog.open, self.data_dir / "wal",
                               segment_bytes=cfg.wal_segment_bytes))
         self.wal = wal
+        self.restarted = bool(recovered)
         snapshots = SnapshotStore(self.data_dir / "snap")
         host_ip, peer_port = cfg.peer_listen_address()
         if self.plan is not None:
@@ -408,6 +411,18 @@ class Node:
             served[metacopy.METHOD] = self.meta_feed.serve
         self._forward_server = ForwardServer(plan.forward_socket(base, self.worker), served)
         await self._forward_server.start()
+
+    async def read_meta(self, timeout: float) -> None:
+        """Bring this process's meta state (the member table, the shard map, auth) up to
+        the meta group's as of this call: a ReadIndex on the meta group here (it returns
+        once this replica applied what the leader had committed), or, on a worker without
+        it, worker 0's and then this worker's copy caught up. Raises ``GroupUnavailable``,
+        ``EtcdError`` or ``TimeoutError`` when that takes longer than ``timeout`` seconds."""
+        async with asyncio.timeout(timeout):
+            if self.meta_copy is not None:
+                await self._meta_barrier()
+            else:
+                await self.host.read_barrier(META_GROUP, timeout)
 
     async def _meta_barrier(self) -> None:
         """On a worker without the meta group: a ReadIndex on it in worker 0, then this
