@@ -179,6 +179,8 @@ def _aborting_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, mes
 _KEY_SPACE_SERVICES = ("/etcdserverpb.KV/", "/etcdserverpb.Lease/", "/etcdserverpb.Watch/",
                        "/v3lockpb.Lock/", "/v3electionpb.Election/")
 """Services whose answers depend on the command formats (``Backend.settle_formats``)."""
+_SETTLED_BY_THE_CALL = "/etcdserverpb.KV/Range"
+"""Settles in the backend, which can tell a serializable read (answered at once)."""
 
 
 class MetadataInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -209,8 +211,9 @@ class MetadataInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             self._versions[version] += 1
         if require_leader and self._backend.header_info().leader == 0:
             return _aborting_handler(handler, grpc.StatusCode.UNAVAILABLE, MSG_NO_LEADER)
-        if (not self._backend.formats_settled
-                and handler_call_details.method.startswith(_KEY_SPACE_SERVICES)):
+        method = handler_call_details.method
+        if (not self._backend.formats_settled and method.startswith(_KEY_SPACE_SERVICES)
+                and method != _SETTLED_BY_THE_CALL):
             await self._backend.settle_formats()  # a starting member's first calls
         return handler
 

@@ -74,9 +74,11 @@ class ReadsAcrossWorkers(WorkerSet):
                            shards: Sequence[int]) -> rpc_pb2.RangeResponse:
         """``req`` read over the workers hosting ``shards`` (see the module docstring)."""
         b = self.backend
+        barrier = not req.serializable
+        if barrier and not b.formats_settled:
+            await b.settle_formats()  # as ``StateMachineBackend.range``
         b.sm.validate_range(req)
         by_worker = self._by_worker(shards)
-        barrier = not req.serializable
         start = b.read_start() if barrier else 0
         tops = await asyncio.gather(*(self._tops(w, s, barrier) for w, s in by_worker.items()))
         top = max(max(tops), start)

@@ -546,7 +546,12 @@ class StateMachineBackend(ABC):
         await asyncio.shield(flight[1])
 
     async def range(self, req: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
-        """Linearizable (or, with ``serializable``, local) range read."""
+        """Linearizable (or, with ``serializable``, local) range read. A starting
+        member's linearizable reads wait for the formats to settle (the server's
+        interceptor holds every other key-space call); a serializable one answers from
+        this replica at once, as etcd's does."""
+        if not self.formats_settled and not req.serializable:
+            await self.settle_formats()
         self.sm.validate_range(req)
         shards = sharding.shards_of_range(req.key, req.range_end, self.shards)
         if len(shards) == 1:
