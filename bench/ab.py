@@ -29,7 +29,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.harness import AccordCluster, Cluster, Harness, Member, cpu_seconds, machine  # noqa: E402
+from bench.harness import (  # noqa: E402
+    AccordCluster,
+    Cluster,
+    Harness,
+    Member,
+    cpu_seconds,
+    enable_auth,
+    machine,
+)
 from bench.kv import ordered_endpoints, spec_for  # noqa: E402
 from bench.loadgen import LoadGen  # noqa: E402
 
@@ -73,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--leases", type=int, default=10_000)
     p.add_argument("--watch-rate", type=float, default=10.0)
     p.add_argument("--accord-args", default="", help="extra `accord serve` flags for both sides")
+    p.add_argument("--auth", action="store_true",
+                   help="auth on in both (simple tokens; every call carries the token)")
     args = p.parse_args(argv)
     cells = args.cells.split(",")
     extra = tuple(args.accord_args.split())
@@ -84,13 +94,16 @@ def main(argv: list[str] | None = None) -> int:
             "new": h.accord(extra=extra),
             "base": h.add(SourceTreeAccord(h.root / "base", h.root / "base-src", extra=extra)),
         }
+        tokens = {name: enable_auth(c) for name, c in systems.items()} if args.auth else {}
         for rep in range(args.reps):
             for i, cell in enumerate(cells):
                 order = ["new", "base"] if (rep + i) % 2 == 0 else ["base", "new"]
                 for name in order:
                     c = systems[name]
                     before = cpu_of(c)
-                    r = lg.run(spec_for(cell, ordered_endpoints(c), args, "accord", rep))
+                    spec = spec_for(cell, ordered_endpoints(c), args, "accord", rep)
+                    spec.token = tokens.get(name, "")
+                    r = lg.run(spec)
                     used = cpu_of(c) - before
                     ops = r.ops  # a load cell runs until its keys are in, not --duration
                     cpu_us = used / ops * 1e6 if ops else float("nan")
@@ -103,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(x[k] for x in runs[(cell, name)])
 
     print(f"\naccord (working tree) vs accord at {commit[:12]} ({args.base}); medians of "
-          f"{args.reps} interleaved rounds of {args.duration:g}s")
+          f"{args.reps} interleaved rounds of {args.duration:g}s"
+          + (" with auth on" if args.auth else ""))
     print(f"machine: {machine()}  ({time.time() - started:.0f}s)")
     hdr = (f"{'cell':<11}{'new ops/s':>10}{'base ops/s':>11}{'new/base':>9}{'new p99':>9}"
            f"{'base p99':>9}{'new cpu':>9}{'base cpu':>9}")
@@ -119,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['new_p99_ms']:>9.2f}{row['base_p99_ms']:>9.2f}"
               f"{row['new_cpu_us_per_op']:>9.0f}{row['base_cpu_us_per_op']:>9.0f}")
     print(json.dumps({"bench": "ab", "base": commit, "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                      time.gmtime()), "reps": args.reps, "duration_s": args.duration,
+                      time.gmtime()), "reps": args.reps, "duration_s": args.duration, "auth": args.auth,
                       "cells": table}))
     return 0
 
