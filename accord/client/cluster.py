@@ -14,6 +14,7 @@ import asyncio
 import enum
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,12 @@ import grpc
 from accord.client.errors import ClientError
 from accord.client.transport import EndpointPool, normalize
 from accord.proto import rpc_pb2, rpc_pb2_grpc
+
+LEADER_AGREEMENT_S = 3.0
+"""How long :meth:`ClusterApi.leader` asks again while the members that answer name
+different leaders, or none (a leadership move or an election under way)."""
+LEADER_RETRY_S = 0.1
+"""The pause between two rounds of :meth:`ClusterApi.leader`."""
 
 _rpc: Any = rpc_pb2_grpc
 
@@ -201,12 +208,23 @@ class ClusterApi:
         return out
 
     async def leader(self, *, timeout: float | None = None) -> Member:
-        """The member that leads, as the members that answer agree."""
-        reports = await self.statuses(timeout=timeout)
-        leaders = {r.status.leader for r in reports if r.status is not None and r.status.leader}
-        for r in reports:
-            if r.member.id in leaders and len(leaders) == 1:
-                return r.member
+        """The member that leads, as the members that answer agree. Their statuses are
+        read one after the other, so a leadership move (the leader balancer makes them
+        routinely) can fall between two reads: while the members that answer disagree,
+        or know no leader, they are asked again for up to :data:`LEADER_AGREEMENT_S`.
+        Raises UNAVAILABLE when they still disagree then, or when none answers."""
+        deadline = time.monotonic() + LEADER_AGREEMENT_S
+        while True:
+            reports = await self.statuses(timeout=timeout)
+            leaders = {r.status.leader for r in reports
+                       if r.status is not None and r.status.leader}
+            for r in reports:
+                if r.member.id in leaders and len(leaders) == 1:
+                    return r.member
+            if (time.monotonic() >= deadline
+                    or all(r.status is None for r in reports)):
+                break
+            await asyncio.sleep(LEADER_RETRY_S)
         raise ClientError(
             grpc.StatusCode.UNAVAILABLE,
             "no leader agreed by the members that answered "
