@@ -174,6 +174,8 @@ class Group:
     arrived at, since ``MultiRaftHost.take_loads`` last took them (leader balancing)."""
     saved_vote: tuple[int, int] = (0, 0)
     """Term and vote of the last hard state written to the log."""
+    saved_commit: int = 0
+    """Commit index of the last hard state written to the log."""
     want_compaction: bool = False
     """A node was added while the log still starts at index 1: snapshot soon, so a
     leader (this one, or whichever follows) can send the newcomer a snapshot."""

@@ -165,6 +165,8 @@ class MultiRaftHost:
         self._liveness = PeerLiveness(
             self.config.tick_interval, self.config.tick_interval * self.config.election_ticks)
         self._quiesce = self.config.quiesce and not self.config.lease_read
+        self._commits_to_save: set[Group] = set()
+        """Quiesced groups whose commit index the log does not have yet (``_quiesced``)."""
         self._next_tick = float("inf")
         """When the next tick is due (``_ticks_owed``); set when the ticker starts."""
         self.turns = 0
@@ -254,6 +256,7 @@ class MultiRaftHost:
                   last_snapshot_bytes=snapshot_bytes)
         g.persisted_conf = core.conf_state
         g.saved_vote = (state.hard_state.term, state.hard_state.vote)
+        g.saved_commit = state.hard_state.commit
         self._groups[group_id] = g
         self._note_peers(core.conf_state)
         self._activate(g)
@@ -294,7 +297,21 @@ class MultiRaftHost:
                 self._transport.send(peer, g.id, Message(
                     MessageType.HEARTBEAT, to=peer, frm=self.node_id, term=core.term,
                     commit=core.commit_index, context=QUIESCE_CONTEXT))
+        self._quiesced(g)
+
+    def _quiesced(self, g: Group) -> None:
+        """``g`` stops ticking. Its commit index goes to the log with the next turn if
+        the log has an older one: a commit index that only moved rides along with the
+        group's next write (``_start_turn``), and a quiet group has none, so a replica
+        restarted after its group went quiet would start from an older commit index and
+        apply the last entries it holds only once its leader speaks again (a restarted
+        member then served its first calls from a member table without the last
+        advertisements: ``ReplicatedBackend.settle_formats``). One small record per
+        group and quiet spell, written with whatever else the turn writes."""
         self._active.discard(g)
+        if g.core.commit_index > g.saved_commit:
+            self._commits_to_save.add(g)
+            self._wake.set()
 
     def deliver_heartbeats(self, from_node: int, heartbeats: object, resps: object) -> None:
         """Transport callback for heartbeat bundles: node-level liveness pings."""
@@ -684,7 +701,8 @@ class MultiRaftHost:
                 readies.append((g, g.core.ready()))
         compactions, self.applier.compactions = self.applier.compactions, []
         confs, self._pending_confs = self._pending_confs, []
-        if not readies and not compactions and not confs:
+        saves, self._commits_to_save = self._commits_to_save, set()
+        if not readies and not compactions and not confs and not saves:
             return None
         transport = self._transport
         batch = WriteBatch()
@@ -709,6 +727,13 @@ class MultiRaftHost:
                           snapshot=rd.snapshot.meta if rd.snapshot is not None else None)
                 if hs is not None:
                     g.saved_vote = (hs.term, hs.vote)
+                    g.saved_commit = hs.commit
+                    saves.discard(g)
+        for g in saves:
+            if g.core.commit_index > g.saved_commit and g.id in self._groups:
+                hs = g.core.hard_state
+                batch.add(g.id, hard_state=hs)
+                g.saved_vote, g.saved_commit = (hs.term, hs.vote), hs.commit
         for gid, meta in compactions:
             batch.compact(gid, meta)
         for gid, index, cs in confs:
@@ -797,7 +822,7 @@ class MultiRaftHost:
             self._mark(g)
         elif g.quiesce_from != NO_NODE:
             if self._quiesce and follower_can_quiesce(g.core, g.quiesce_from):
-                self._active.discard(g)
+                self._quiesced(g)
             g.quiesce_from = NO_NODE
 
     def _hand_out(self, g: Group, rd: Ready, *, wake: bool = True) -> bool:

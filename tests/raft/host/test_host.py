@@ -18,7 +18,7 @@ from typing import TypeVar
 import msgpack
 import pytest
 
-from accord.raft.core.types import Role
+from accord.raft.core.types import NO_NODE, Role
 from accord.raft.host.multiraft import GroupUnavailable, HostConfig, MultiRaftHost
 from accord.raft.storage.snapshot import SnapshotStore
 from accord.raft.storage.wal import WriteAheadLog
@@ -691,6 +691,33 @@ async def test_a_replica_restarted_while_its_groups_are_quiet_learns_its_leader(
             await node.host.read_barrier(gid, timeout=5.0)
             assert node.sms[gid].data.get("k") == "v"
             assert node.host.group(gid).core.leader_id in (1, 2)
+
+
+async def test_a_replica_restarted_alone_after_its_groups_went_quiet_applies_what_it_knew(
+    tmp_path: Path,
+) -> None:
+    """A follower learns the commit index of its last entries after writing them (the
+    leader's next message), and a commit index that only moved is not written at once.
+    When the group then goes quiet, it is written once: a replica restarted while its
+    leader cannot speak to it (here: every other node down) applies every entry it knew
+    was committed, not only those whose commit index rode along with a later write.
+    (Without the write the restarted replica's groups miss the last value; a restarted
+    member served its first calls from a member table without the last advertisements.)"""
+    async for c in running_cluster(tmp_path, Cluster):
+        for gid in GROUPS:
+            await c.leader(gid)
+            await c.put(1, gid, "k", "v")
+        await every_group_quiet(c)
+        for nid in (1, 2, 3):
+            await c.stop_node(nid)
+        node = await c.start_node(3)
+        await c.connect_and_run()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 5
+        while loop.time() < end and any(node.sms[gid].data.get("k") != "v" for gid in GROUPS):
+            await asyncio.sleep(0.05)
+        assert {gid: node.sms[gid].data.get("k") for gid in GROUPS} == dict.fromkeys(GROUPS, "v")
+        assert all(node.host.group(gid).core.leader_id == NO_NODE for gid in GROUPS)
 
 
 async def test_a_failed_fsync_stops_the_node_and_acknowledges_nothing(cluster: Cluster) -> None:
