@@ -21,6 +21,7 @@ import crc32c
 import grpc
 import msgpack
 
+from accord.node.config import url_scheme
 from accord.node.members import CATCH_UP_SLACK, META_GROUP, NotEnoughStartedMembers
 from accord.proto import rpc_pb2
 from accord.raft.core.types import Role
@@ -28,6 +29,7 @@ from accord.raft.host.multiraft import GroupUnavailable
 from accord.services.auth.statemachine import AUTH_FORMAT
 from accord.services.cluster import snapfile
 from accord.services.cluster.members import ClusterStateMachine, MemberChangeError, MemberRecord
+from accord.services.cluster.servicer import MSG_BAD_URLS
 from accord.services.kv import errors, xcommands
 from accord.services.kv.backend import (
     ETCD_COMPAT_VERSION,
@@ -307,8 +309,23 @@ class ReplicatedBackend(StateMachineBackend):
         self, peer_urls: Sequence[str], is_learner: bool
     ) -> tuple[MemberInfo, list[MemberInfo]]:
         """Add a member (see ``members.py``); it starts with ``existing``."""
+        self._check_peer_scheme(peer_urls)
         rec = await _member_call(self.node.members.add(peer_urls, is_learner))
         return _info(rec), await self.members()
+
+    def _check_peer_scheme(self, peer_urls: Sequence[str]) -> None:
+        """Every member's peer URLs use the scheme of this cluster's (``https://`` when
+        the peers talk TLS, ``--listen-peer-urls``), as the flags of a starting member
+        must: a member added or moved to another scheme could not reach the others."""
+        want = "https" if self.node.config.peer_tls else "http"
+        for url in peer_urls:
+            got = url_scheme(url)
+            if got in ("http", "https") and got != want:
+                raise EtcdError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{MSG_BAD_URLS}: {url} is {got}:// but this cluster's peers use "
+                    f"{want}:// ({'TLS' if want == 'https' else 'no TLS'}); give the member "
+                    f"{want}:// peer URLs")
 
     async def member_remove(self, member_id: int) -> list[MemberInfo]:
         """Remove a member from the table and from every group."""
@@ -321,6 +338,7 @@ class ReplicatedBackend(StateMachineBackend):
         """Change a member's peer URLs."""
         if member_id not in self.node.cluster.members:
             raise errors.MEMBER_NOT_FOUND
+        self._check_peer_scheme(peer_urls)
         await _member_call(self.node.members.update(member_id, peer_urls))
         return await self.members()
 

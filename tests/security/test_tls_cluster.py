@@ -72,6 +72,23 @@ def test_etcdctl_over_mutual_tls_and_writes_replicate(tls_cluster: ProcCluster) 
     assert status.count("https://127.0.0.1:") == 3
 
 
+def test_a_member_with_plain_http_peer_urls_is_refused_on_a_tls_cluster(
+        tls_cluster: ProcCluster) -> None:
+    """The peers of this cluster talk TLS: a member added (or moved) with http:// peer
+    URLs could never reach them, so MemberAdd and MemberUpdate refuse the URL with
+    INVALID_ARGUMENT naming the scheme to use, and the member table is unchanged."""
+    flags = _tls(tls_cluster).etcdctl_flags()
+    before = etcdctl(tls_cluster.endpoints, *flags, "member", "list")
+    out = etcdctl(tls_cluster.endpoints, *flags, "member", "add", "n4",
+                  "--peer-urls=http://127.0.0.1:2", check=False)
+    assert "is http:// but this cluster's peers use https://" in out, out
+    member_id = before.split(",")[0].strip()
+    out = etcdctl(tls_cluster.endpoints, *flags, "member", "update", member_id,
+                  "--peer-urls=http://127.0.0.1:2", check=False)
+    assert "give the member https:// peer URLs" in out, out
+    assert etcdctl(tls_cluster.endpoints, *flags, "member", "list") == before
+
+
 def _refused(endpoint: str, flags: list[str]) -> str:
     out = etcdctl(endpoint, *flags, "--dial-timeout=1s", "--command-timeout=2s", "put", "/x", "y",
                   check=False)
