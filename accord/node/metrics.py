@@ -428,6 +428,9 @@ class NodeCollector(Collector):
         yield _counter("accord_raft_fast_elections_total",
                        "Groups that campaigned early because the link to their leader was lost.",
                        host.fast_elections)
+        yield _counter("accord_raft_read_index_resent_total",
+                       "ReadIndex rounds sent again after going unanswered for 0.5 s "
+                       "(a message lost on the way).", host.reads.resent)
         yield _counter("accord_raft_turns_total", "Poll-loop turns that wrote to the log.", host.turns)
 
     # -- storage --------------------------------------------------------------------------

@@ -8,7 +8,11 @@ many reads in flight a round costs each read a fraction of one heartbeat. Each r
 tagged ``(node, boot nonce, sequence)``, so an answer from a node's earlier life never
 releases a read of this one. A round a leader change leaves unanswered goes to the next
 leader: a read may be confirmed at any point after it arrived, so that is as
-linearizable as the first answer would have been.
+linearizable as the first answer would have been. For the same reason a round still
+unanswered after :data:`RESEND_AFTER_S` is sent again, to whatever leader is known then:
+a READ_INDEX or its answer lost on the way (a link not up yet after a restart, a
+connection reset) otherwise held its reads until their timeout, a client's "request
+timed out" (etcd's read loop re-sends after 500 ms as well).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from accord.raft.host.group import Group, ReadWaiter
 
 log = logging.getLogger("accord.raft.host")
 _READ_CTX = struct.Struct(">QQQ")
+RESEND_AFTER_S = 0.5
+"""Seconds a ReadIndex round may go unanswered before its reads join a new round."""
 
 
 class ReadRounds:
@@ -37,6 +43,8 @@ class ReadRounds:
         self._mark = mark
         self.seq = 0
         """Rounds issued by this node since it started (tests and metrics count them)."""
+        self.resent = 0
+        """Rounds that went unanswered for :data:`RESEND_AFTER_S` and were sent again."""
 
     def issue(self, g: Group) -> None:
         """Start a round for the reads pending on ``g`` (the caller checks none is in flight)."""
@@ -55,6 +63,20 @@ class ReadRounds:
         g.reads_pending = []
         if leader == self.node_id:
             g.load[leader] = g.load.get(leader, 0) + 1
+        self._loop.call_later(RESEND_AFTER_S, self._resend, g, ctx)
+
+    def _resend(self, g: Group, ctx: bytes) -> None:
+        """Round ``ctx`` was not answered in time: its reads join the next round."""
+        issued = g.reads_issued.pop(ctx, None)
+        if issued is None:
+            return  # answered, handed to a new leader, or failed
+        g.reads_pending.extend(f for f in issued[1] if not f.done())
+        self.resent += 1
+        log.debug("group %d: a ReadIndex round went unanswered for %.1f s; sent again",
+                  g.id, RESEND_AFTER_S)
+        if g.reads_pending:
+            g.reads_round_at = 0.0  # no round of these reads is in flight now
+            self._mark(g)
 
     @staticmethod
     def release(g: Group) -> None:

@@ -18,7 +18,7 @@ from typing import TypeVar
 import msgpack
 import pytest
 
-from accord.raft.core.types import NO_NODE, Role
+from accord.raft.core.types import NO_NODE, Message, MessageType, Role
 from accord.raft.host.multiraft import GroupUnavailable, HostConfig, MultiRaftHost
 from accord.raft.storage.snapshot import SnapshotStore
 from accord.raft.storage.wal import WriteAheadLog
@@ -718,6 +718,35 @@ async def test_a_replica_restarted_alone_after_its_groups_went_quiet_applies_wha
             await asyncio.sleep(0.05)
         assert {gid: node.sms[gid].data.get("k") for gid in GROUPS} == dict.fromkeys(GROUPS, "v")
         assert all(node.host.group(gid).core.leader_id == NO_NODE for gid in GROUPS)
+
+
+async def test_a_lost_read_index_request_is_sent_again_before_the_read_times_out(
+    cluster: Cluster,
+) -> None:
+    """A follower's READ_INDEX lost on the way (the transport drops messages while a
+    link is down, as right after a restart) left its reads waiting for their timeout:
+    the round is sent again after ``RESEND_AFTER_S``, so the read completes well
+    within a timeout four times that."""
+    from accord.raft.host.reads import RESEND_AFTER_S
+
+    gid = 1
+    lead = await cluster.leader(gid)
+    await cluster.put(lead, gid, "k", "v")
+    follower = cluster.nodes[next(n for n in cluster.nodes if n != lead)]
+    transport = follower.transport
+    real_send = transport.send
+    dropped: list[Message] = []
+
+    def losing_the_first_read_index(to_node: int, group_id: int, msg: Message) -> None:
+        if msg.type == MessageType.READ_INDEX and group_id == gid and not dropped:
+            dropped.append(msg)
+            return
+        real_send(to_node, group_id, msg)
+
+    transport.send = losing_the_first_read_index  # type: ignore[method-assign]
+    await follower.host.read_barrier(gid, timeout=4 * RESEND_AFTER_S)
+    assert dropped and follower.host.reads.resent >= 1
+    assert follower.sms[gid].data.get("k") == "v"
 
 
 async def test_a_failed_fsync_stops_the_node_and_acknowledges_nothing(cluster: Cluster) -> None:
