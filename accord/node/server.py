@@ -418,11 +418,11 @@ class Node:
         once this replica applied what the leader had committed), or, on a worker without
         it, worker 0's and then this worker's copy caught up. Raises ``GroupUnavailable``,
         ``EtcdError`` or ``TimeoutError`` when that takes longer than ``timeout`` seconds."""
+        if self.meta_copy is None:
+            await self.host.read_barrier(META_GROUP, timeout)
+            return
         async with asyncio.timeout(timeout):
-            if self.meta_copy is not None:
-                await self._meta_barrier()
-            else:
-                await self.host.read_barrier(META_GROUP, timeout)
+            await self._meta_barrier()
 
     async def _meta_barrier(self) -> None:
         """On a worker without the meta group: a ReadIndex on it in worker 0, then this

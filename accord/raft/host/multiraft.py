@@ -730,7 +730,7 @@ class MultiRaftHost:
                     g.saved_commit = hs.commit
                     saves.discard(g)
         for g in saves:
-            if g.core.commit_index > g.saved_commit and g.id in self._groups:
+            if g.core.commit_index > g.saved_commit and self._groups.get(g.id) is g:
                 hs = g.core.hard_state
                 batch.add(g.id, hard_state=hs)
                 g.saved_vote, g.saved_commit = (hs.term, hs.vote), hs.commit

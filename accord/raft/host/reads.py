@@ -70,13 +70,15 @@ class ReadRounds:
         issued = g.reads_issued.pop(ctx, None)
         if issued is None:
             return  # answered, handed to a new leader, or failed
-        g.reads_pending.extend(f for f in issued[1] if not f.done())
+        waiting = [f for f in issued[1] if not f.done()]
+        if not waiting:
+            return
+        g.reads_pending.extend(waiting)
         self.resent += 1
         log.debug("group %d: a ReadIndex round went unanswered for %.1f s; sent again",
                   g.id, RESEND_AFTER_S)
-        if g.reads_pending:
-            g.reads_round_at = 0.0  # no round of these reads is in flight now
-            self._mark(g)
+        g.reads_round_at = 0.0  # no round of these reads is in flight now
+        self._mark(g)
 
     @staticmethod
     def release(g: Group) -> None:
