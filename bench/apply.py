@@ -46,6 +46,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from accord.proto import rpc_pb2  # noqa: E402
+from accord.services.kv import txnplan  # noqa: E402
 from accord.services.kv.backend import HeaderInfo, StateMachineBackend  # noqa: E402
 from accord.services.kv.statemachine import KVStateMachine  # noqa: E402
 from bench.workloads import cas_request, two_shard_keys  # noqa: E402
@@ -168,7 +169,9 @@ class Replicated(StateMachineBackend):
     """``shards`` shards of three replicas each, every command applied on all three at
     once (the first one's answer returned, the other two applying it without one, as
     the members whose client does not wait for it do): a 3-member cluster's apply
-    work, no Raft."""
+    work, no Raft. Each member keeps its own cache of Txn plans (``txnplan.plan_of``),
+    as each process of a cluster does: the coordinator's member finds the plan it made,
+    the other two make their own."""
 
     def __init__(self, shards: int = 8) -> None:
         super().__init__([KVStateMachine(lease_id_seed=i + 2) for i in range(shards)])
@@ -177,11 +180,17 @@ class Replicated(StateMachineBackend):
         for copy in self.followers:
             for i, m in enumerate(copy):
                 m.set_stripe((shards, i))
+        self.plan_caches: list[dict[bytes, Any]] = [{} for _ in self.followers]
 
     async def commit(self, command: bytes, shard: int = 0) -> Any:
         answer = self.machines[shard].apply(command)
-        for copy in self.followers:
-            copy[shard].apply(command, answer=False)
+        own = txnplan._cache
+        try:
+            for copy, cache in zip(self.followers, self.plan_caches, strict=True):
+                txnplan._cache = cache
+                copy[shard].apply(command, answer=False)
+        finally:
+            txnplan._cache = own
         return answer
 
     async def read_barrier(self, shard: int = 0) -> None:
