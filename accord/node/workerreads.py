@@ -40,7 +40,8 @@ RANGE_PARTS = "/accord.worker/RangeParts"
 (floored there first unless serializable)."""
 TXN_COMPARES = "/accord.worker/TxnCompares"
 """Internal: ``[TxnRequest, shards, R, fenced]`` -> ``[[compares of each shard at R],
-highest compaction]``, each shard floored at R first (unless the read's fence ``fenced``
+highest first revision]`` (etcd's: the last compaction, -1 if none), each shard floored
+at R first (unless the read's fence ``fenced``
 holds R) and the intents in the way waited out."""
 TXN_READS = "/accord.worker/TxnReads"
 """Internal: ``[TxnRequest, shards, R, path]`` -> each shard's part at R of the reads of
@@ -189,7 +190,8 @@ class ReadsAcrossWorkers(WorkerSet):
     async def local_txn_compares(self, raw: bytes, shards: Sequence[int], rev: int,
                                  fenced: int) -> tuple[list[Any], int]:
         """This worker's ``shards``' compares of the read-only Txn ``raw`` at ``rev``
-        (each shard's, in order: ``xtxn.partial_compares``) and their highest compaction."""
+        (each shard's, in order: ``xtxn.partial_compares``) and their highest first revision
+        (``KVStateMachine.first_revision``)."""
         b = self.backend
         plan = TxnPlan(rpc_pb2.TxnRequest.FromString(raw))
         for s in shards:
@@ -198,7 +200,7 @@ class ReadsAcrossWorkers(WorkerSet):
         await self._settle_at(shards, ranges, rev, fenced)
         each = [b.machines[s].read_share(plan, min(rev, int(b.machines[s].revision)))[0]
                 for s in shards]
-        return each, max(int(b.machines[s].compact_revision) for s in shards)
+        return each, max(int(b.machines[s].first_revision) for s in shards)
 
     async def local_txn_reads(self, raw: bytes, shards: Sequence[int], rev: int,
                               path: Sequence[bool]) -> list[bytes]:

@@ -166,6 +166,9 @@ op_st = st.one_of(
     st.tuples(st.just("del"), names, st.booleans()),
     st.tuples(st.just("delall"), st.just(b""), st.booleans()),
     st.tuples(st.just("get"), names, st.just(0)),
+    # at a negative revision: -1 reads the latest (etcd's first revision of a store never
+    # compacted is -1), -2 fails the Txn as compacted
+    st.tuples(st.just("get"), names, st.sampled_from([-1, -1, -2])),
     st.tuples(st.just("getall"), st.just(b""), st.integers(0, 3)),
 )
 txn_st = st.tuples(st.just("txn"), st.lists(compare_st, max_size=3),
@@ -214,7 +217,7 @@ def _op(s: Sides, o: tuple[Any, ...]) -> pb.RequestOp:
         return pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(
             key=s.ns, range_end=prefix_end(s.ns), prev_kv=arg))
     if kind == "get":
-        return pb.RequestOp(request_range=pb.RangeRequest(key=s.key(name)))
+        return pb.RequestOp(request_range=pb.RangeRequest(key=s.key(name), revision=arg))
     return pb.RequestOp(request_range=pb.RangeRequest(key=s.ns, range_end=prefix_end(s.ns),
                                                       limit=arg))
 

@@ -336,6 +336,14 @@ async def _read_only_txn_across(workers: list[Worker], broken: bool) -> None:
         one = await w.router.txn_across(read_both([at, at - 1]))  # fails on one worker's key
         assert not one.succeeded
         assert [kv.value for r in one.responses for kv in r.response_range.kvs] == [b"b"]
+        # etcd's first revision of a store never compacted is -1: a range there reads
+        # the latest, one below it is refused as compacted (whichever worker holds it).
+        latest = await w.router.txn_across(pb.TxnRequest(success=[pb.RequestOp(
+            request_range=pb.RangeRequest(key=k, revision=-1)) for k in keys]))
+        assert [r.response_range.kvs[0].value for r in latest.responses] == [b"a", b"b"]
+        with pytest.raises(EtcdError, match="compacted"):
+            await w.router.txn_across(pb.TxnRequest(success=[pb.RequestOp(
+                request_range=pb.RangeRequest(key=k, revision=-2)) for k in keys]))
     later = await workers[1 - home].backend.put(pb.PutRequest(key=keys[1], value=b"c"))
     assert later.header.revision > both.header.revision
 

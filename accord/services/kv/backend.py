@@ -794,7 +794,7 @@ class StateMachineBackend(ABC):
                   for s in shards]
         path = xtxn.path_of(plan, xtxn.combine(plan, [c for c, _read in shares]))
         err = xtxn.first_error(plan, path, {}, rev + 1,
-                               max(self.machines[s].compact_revision for s in shards))
+                               max(self.machines[s].first_revision for s in shards))
         if err is not None:
             raise err
         parts = {s: read(path) for s, (_c, read) in zip(shards, shares, strict=True)}

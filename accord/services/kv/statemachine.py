@@ -129,6 +129,13 @@ class KVStateMachine:
         return max(0, self._store.compact_rev)
 
     @property
+    def first_revision(self) -> int:
+        """etcd's first revision of the store, below which a Txn's range is refused as
+        compacted: the last compaction's revision, -1 if never compacted (so that a
+        range at revision -1 of a store never compacted is read, as one etcd reads it)."""
+        return self._store.compact_rev
+
+    @property
     def store(self) -> MVCCStore:
         """The underlying MVCC store (read-only use)."""
         return self._store
@@ -608,7 +615,7 @@ class KVStateMachine:
         if answer:  # what the coordinator decides on; nothing of the state
             prepared.compares = xtxn.partial_compares(store, plan, store.rev)
             prepared.checks = xtxn.put_checks(self._exec, plan, owns)
-            prepared.compact_rev = max(0, store.compact_rev)
+            prepared.compact_rev = store.compact_rev
         x.intents[txn_id] = Intent(txn_id, rev, record, deadline_ms, ranges, leases, request)
         if shard == record:
             x.records[txn_id] = Record(txn_id, PENDING, rev, deadline_ms)

@@ -167,7 +167,9 @@ class Prepared:
     """The revision reserved here (after a refused RESERVE: the lowest it could take)."""
     compares: list[list[tuple[bool, bool]]] = field(default_factory=list)
     checks: dict[int, str] = field(default_factory=dict)
-    compact_rev: int = 0
+    compact_rev: int = -1
+    """The shard's first revision (``KVStateMachine.first_revision``: -1 if never
+    compacted), for etcd's check of a range's revision along the branch taken."""
     error: errors.EtcdError | None = None
     """A refused PREPARE_DECIDE (``reason`` ``invalid``): etcd's error along the taken
     branch, for the client."""

@@ -144,7 +144,9 @@ def first_error(
 ) -> EtcdError | None:
     """The error etcd's ``checkRequests`` raises along ``path`` (every put's state, then
     every range's revision), given the participants' :func:`put_checks`, the revision the
-    Txn commits at and the highest compaction among them; None if there is none."""
+    Txn commits at and the highest first revision among them (etcd's: the last
+    compaction, -1 if never compacted; ``KVStateMachine.first_revision``); None if there
+    is none."""
     taken = plan.taken(path)
     kinds = plan.kinds
     if checks:
