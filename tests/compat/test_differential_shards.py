@@ -1,7 +1,11 @@
 """Differential test over shards: random multi-key Txns, Puts, DeleteRanges and Ranges
 (limits, key order either way, keys or counts only, over any span of the keys; and over
 every shard at a past revision: the one an earlier step of the example made on each
-side) against a real etcd and a 3-member accord with ``--shards 8``, answers compared.
+side), and a lease per example that puts attach keys to and a revoke deletes on every
+shard, against a real etcd and a 3-member accord with ``--shards 8``, answers compared.
+Txns compare values, versions, mod and create revisions and leases, of keys and over
+every shard, and read at negative revisions (etcd's first revision of a store never
+compacted is -1).
 
 Every example's keys (``/dN/<name>``) are each a partition of their own, so a Txn over
 two or more of them spans shards, and a range (or a DeleteRange) over ``/dN/`` covers
@@ -127,6 +131,7 @@ class Sides:
     def __init__(self, etcd: str, accord: str) -> None:
         channels = {"etcd": grpc.insecure_channel(etcd), "accord": grpc.insecure_channel(accord)}
         self.stubs = {side: rpc_pb2_grpc.KVStub(ch) for side, ch in channels.items()}
+        self.lease_stubs = {side: rpc_pb2_grpc.LeaseStub(ch) for side, ch in channels.items()}
         self.watches = {side: Events(ch) for side, ch in channels.items()}
         self.example = 0
         self.ns = b""
@@ -138,6 +143,12 @@ class Sides:
 
     def key(self, name: bytes) -> bytes:
         return self.ns + name
+
+    @property
+    def lease_id(self) -> int:
+        """The example's lease: granted with this ID on both sides, so it names the same
+        lease in a compare or a put on both."""
+        return 0x5EED0000 + self.example
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +171,14 @@ compare_st = st.one_of(
     st.tuples(st.just("mod"), names, st.sampled_from(["EQUAL", "NOT_EQUAL"]), st.just(0)),
     st.tuples(st.just("range"), st.just(b""), st.sampled_from(["GREATER", "EQUAL"]),
               st.integers(0, 1)),
+    # targets whose argument means the same on both sides: a create_revision or a lease
+    # of 0 (the key is missing, or has no lease), a value over every shard's keys
+    st.tuples(st.just("create"), names, st.sampled_from(["EQUAL", "GREATER"]), st.just(0)),
+    st.tuples(st.just("lease"), names, st.sampled_from(["EQUAL", "NOT_EQUAL"]), st.just(0)),
+    st.tuples(st.just("leaseis"), names, st.sampled_from(["EQUAL", "NOT_EQUAL"]), st.just(0)),
+    st.tuples(st.just("rangevalue"), st.just(b""), st.sampled_from(["EQUAL", "NOT_EQUAL",
+                                                                    "GREATER", "LESS"]),
+              st.sampled_from(VALUES)),
 )
 op_st = st.one_of(
     st.tuples(st.just("put"), names, st.sampled_from(VALUES), st.booleans()),
@@ -170,6 +189,13 @@ op_st = st.one_of(
     # compacted is -1), -2 fails the Txn as compacted
     st.tuples(st.just("get"), names, st.sampled_from([-1, -1, -2])),
     st.tuples(st.just("getall"), st.just(b""), st.integers(0, 3)),
+    # over every shard, keys or a count only, in either key order
+    st.tuples(st.just("getallas"), st.just(b""), st.sampled_from(
+        ["keys_only", "count_only", "ASCEND", "DESCEND"])),
+    # a put keeping the key's value (etcd fails the Txn when the key is missing)
+    st.tuples(st.just("putkeep"), names, st.just(b"")),
+    # a put attached to the example's lease (fails the Txn while it is not granted)
+    st.tuples(st.just("putlease"), names, st.sampled_from(VALUES)),
 )
 txn_st = st.tuples(st.just("txn"), st.lists(compare_st, max_size=3),
                    st.lists(op_st, max_size=4), st.lists(op_st, max_size=3))
@@ -186,7 +212,11 @@ steps = st.one_of(txn_st, txn_st, st.tuples(st.just("put"), names, st.sampled_fr
                   st.tuples(st.just("delrange"), st.booleans()), range_st,
                   # a Range over every shard at a past revision: the state a step made
                   st.tuples(st.just("rangeat"), st.integers(0, 3), st.sampled_from([b"", *NAMES]),
-                            st.integers(0, 3)))
+                            st.integers(0, 3)),
+                  # the example's lease granted, or revoked (its keys deleted on every
+                  # shard at one revision)
+                  st.tuples(st.just("grant")), st.tuples(st.just("revoke")),
+                  st.tuples(st.just("putlease"), names, st.sampled_from(VALUES)))
 
 
 def _compare(s: Sides, side: str, c: tuple[Any, ...], mods: dict[str, dict[bytes, int]]
@@ -196,7 +226,16 @@ def _compare(s: Sides, side: str, c: tuple[Any, ...], mods: dict[str, dict[bytes
     if kind == "range":
         return pb.Compare(key=s.ns, range_end=prefix_end(s.ns), target=pb.Compare.VERSION,
                           result=r, version=arg)
+    if kind == "rangevalue":
+        return pb.Compare(key=s.ns, range_end=prefix_end(s.ns), target=pb.Compare.VALUE,
+                          result=r, value=arg)
     key = s.key(name)
+    if kind == "create":
+        return pb.Compare(key=key, target=pb.Compare.CREATE, result=r, create_revision=arg)
+    if kind == "lease":
+        return pb.Compare(key=key, target=pb.Compare.LEASE, result=r, lease=arg)
+    if kind == "leaseis":  # attached to the example's lease
+        return pb.Compare(key=key, target=pb.Compare.LEASE, result=r, lease=s.lease_id)
     if kind == "value":
         return pb.Compare(key=key, target=pb.Compare.VALUE, result=r, value=arg)
     if kind == "version":
@@ -218,13 +257,24 @@ def _op(s: Sides, o: tuple[Any, ...]) -> pb.RequestOp:
             key=s.ns, range_end=prefix_end(s.ns), prev_kv=arg))
     if kind == "get":
         return pb.RequestOp(request_range=pb.RangeRequest(key=s.key(name), revision=arg))
+    if kind == "putlease":
+        return pb.RequestOp(request_put=pb.PutRequest(key=s.key(name), value=arg,
+                                                      lease=s.lease_id))
+    if kind == "putkeep":
+        return pb.RequestOp(request_put=pb.PutRequest(key=s.key(name), ignore_value=True))
+    if kind == "getallas":
+        return pb.RequestOp(request_range=pb.RangeRequest(
+            key=s.ns, range_end=prefix_end(s.ns), keys_only=arg == "keys_only",
+            count_only=arg == "count_only", sort_target=pb.RangeRequest.KEY,
+            sort_order=pb.RangeRequest.DESCEND if arg == "DESCEND" else
+            pb.RangeRequest.ASCEND if arg == "ASCEND" else pb.RangeRequest.NONE))
     return pb.RequestOp(request_range=pb.RangeRequest(key=s.ns, range_end=prefix_end(s.ns),
                                                       limit=arg))
 
 
 def _valid(ops: list[tuple[Any, ...]]) -> bool:
     """etcd refuses a branch putting one key twice (or a put inside a deleted range)."""
-    puts = [o[1] for o in ops if o[0] == "put"]
+    puts = [o[1] for o in ops if o[0] in ("put", "putkeep", "putlease")]
     return len(puts) == len(set(puts))
 
 
@@ -247,6 +297,15 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
         if step[0] == "put":
             req: Any = pb.PutRequest(key=s.key(step[1]), value=step[2], prev_kv=step[3])
             call = stub.Put
+        elif step[0] == "putlease":
+            req = pb.PutRequest(key=s.key(step[1]), value=step[2], lease=s.lease_id)
+            call = stub.Put
+        elif step[0] == "grant":
+            req = pb.LeaseGrantRequest(ID=s.lease_id, TTL=600)
+            call = s.lease_stubs[side].LeaseGrant
+        elif step[0] == "revoke":
+            req = pb.LeaseRevokeRequest(ID=s.lease_id)
+            call = s.lease_stubs[side].LeaseRevoke
         elif step[0] == "delrange":  # over every shard: one revision on accord
             req = pb.DeleteRangeRequest(key=s.ns, range_end=prefix_end(s.ns), prev_kv=step[1])
             call = stub.DeleteRange
@@ -308,7 +367,7 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
             assert {mods["accord"][k] for k in written} == {a[1].header.revision}
 
 
-@settings(deadline=None, max_examples=25, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(deadline=None, max_examples=40, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(st.lists(steps.filter(lambda t: t[0] != "txn" or (_valid(t[2]) and _valid(t[3]))),
                 min_size=1, max_size=8))
 def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, ...]]) -> None:
@@ -317,7 +376,7 @@ def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, 
     sides.made = {"etcd": [], "accord": []}
     mods: dict[str, dict[bytes, int]] = {"etcd": {}, "accord": {}}
     first = {side: sides.last[side] + 1 for side in sides.stubs}
-    for step in program:
+    for step in [("grant",), *program]:  # the example's lease, for its puts to attach to
         _send(sides, step, mods)
     end = sides.ns + b"~end"
     events = {}
