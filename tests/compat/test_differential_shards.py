@@ -4,8 +4,9 @@ every shard at a past revision: the one an earlier step of the example made on e
 side), and a lease per example that puts attach keys to and a revoke deletes on every
 shard, against a real etcd and a 3-member accord with ``--shards 8``, answers compared.
 Txns compare values, versions, mod and create revisions and leases, of keys and over
-every shard, and read at negative revisions (etcd's first revision of a store never
-compacted is -1).
+every shard, read at negative revisions (etcd's first revision of a store never
+compacted is -1), and nest Txns (etcd refusing a put that overlaps another level's
+write: both sides must refuse alike).
 
 Every example's keys (``/dN/<name>``) are each a partition of their own, so a Txn over
 two or more of them spans shards, and a range (or a DeleteRange) over ``/dN/`` covers
@@ -197,8 +198,14 @@ op_st = st.one_of(
     # a put attached to the example's lease (fails the Txn while it is not granted)
     st.tuples(st.just("putlease"), names, st.sampled_from(VALUES)),
 )
+# a nested Txn (etcd 3.3+) of plain ops: its branch is taken by its own compares, its
+# writes are the outer Txn's (one revision), and etcd refuses a put that overlaps a put or
+# a delete of another level ("duplicate key"): both sides must refuse it alike
+nested_st = st.tuples(st.just("nest"), st.lists(compare_st, max_size=2),
+                      st.lists(op_st, max_size=2), st.lists(op_st, max_size=2))
+txn_op_st = st.one_of(op_st, op_st, op_st, nested_st)
 txn_st = st.tuples(st.just("txn"), st.lists(compare_st, max_size=3),
-                   st.lists(op_st, max_size=4), st.lists(op_st, max_size=3))
+                   st.lists(txn_op_st, max_size=4), st.lists(txn_op_st, max_size=3))
 # A Range over several shards, merged: from a name (or the example's first key) to a
 # later one (or the end of the example's keys), with a limit, key order either way, keys
 # or a count only. (Sorts by version, value or revision are left out: etcd breaks their
@@ -245,8 +252,14 @@ def _compare(s: Sides, side: str, c: tuple[Any, ...], mods: dict[str, dict[bytes
                       mod_revision=mods[side].get(key, 0))
 
 
-def _op(s: Sides, o: tuple[Any, ...]) -> pb.RequestOp:
+def _op(s: Sides, side: str, o: tuple[Any, ...], mods: dict[str, dict[bytes, int]]
+        ) -> pb.RequestOp:
     kind, name, arg = o[0], o[1], o[2]
+    if kind == "nest":
+        return pb.RequestOp(request_txn=pb.TxnRequest(
+            compare=[_compare(s, side, c, mods) for c in o[1]],
+            success=[_op(s, side, x, mods) for x in o[2]],
+            failure=[_op(s, side, x, mods) for x in o[3]]))
     if kind == "put":
         return pb.RequestOp(request_put=pb.PutRequest(key=s.key(name), value=arg, prev_kv=o[3]))
     if kind == "del":
@@ -325,8 +338,8 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
             call = stub.Range
         else:
             req = pb.TxnRequest(compare=[_compare(s, side, c, mods) for c in step[1]],
-                                success=[_op(s, o) for o in step[2]],
-                                failure=[_op(s, o) for o in step[3]])
+                                success=[_op(s, side, o, mods) for o in step[2]],
+                                failure=[_op(s, side, o, mods) for o in step[3]])
             call = stub.Txn
         try:
             outcomes[side] = ("ok", call(req, timeout=TIMEOUT))
