@@ -270,6 +270,9 @@ def _op(s: Sides, side: str, o: tuple[Any, ...], mods: dict[str, dict[bytes, int
             key=s.ns, range_end=prefix_end(s.ns), prev_kv=arg))
     if kind == "get":
         return pb.RequestOp(request_range=pb.RangeRequest(key=s.key(name), revision=arg))
+    if kind == "getat":  # at the revision a step ``arg`` steps ago made on this side
+        return pb.RequestOp(request_range=pb.RangeRequest(
+            key=s.key(name), revision=_made(s, side, arg)))
     if kind == "putlease":
         return pb.RequestOp(request_put=pb.PutRequest(key=s.key(name), value=arg,
                                                       lease=s.lease_id))
@@ -304,6 +307,13 @@ def _norm(msg: Any) -> Any:
     return _strip(json_format.MessageToDict(msg, preserving_proto_field_name=True))
 
 
+def _made(s: Sides, side: str, back: int) -> int:
+    """The revision a step ``back`` steps before the example's last made on ``side`` (0:
+    none yet)."""
+    made = s.made[side]
+    return made[max(0, len(made) - 1 - back)] if made else 0
+
+
 def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) -> None:
     outcomes: dict[str, Any] = {}
     for side, stub in s.stubs.items():
@@ -324,10 +334,12 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
             call = stub.DeleteRange
         elif step[0] == "rangeat":  # at the revision a step ``back`` steps ago made
             _kind, back, start, limit = step
-            made = s.made[side]
             req = pb.RangeRequest(key=s.key(start), range_end=prefix_end(s.ns), limit=limit,
-                                  revision=made[max(0, len(made) - 1 - back)] if made else 0)
+                                  revision=_made(s, side, back))
             call = stub.Range
+        elif step[0] == "compact":  # history up to the revision a step ``back`` ago made
+            req = pb.CompactionRequest(revision=_made(s, side, step[1]))
+            call = stub.Compact
         elif step[0] == "range":
             _kind, start, end, limit, order, only = step
             req = pb.RangeRequest(
@@ -422,3 +434,38 @@ def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, 
     # and a progress request on the stream:
     assert sides.watches["etcd"].progress() == written["etcd"]
     assert sides.watches["accord"].progress() >= written["accord"], program
+
+
+# After a compaction (this test runs last: it compacts the whole store): writes, a
+# compaction at a revision one of them made, then reads at revisions around it (plain
+# Ranges over every shard, Txns that write one key and read another at a past revision,
+# and at revision -1, which is below etcd's first revision once it compacted).
+written_st = st.lists(st.one_of(
+    st.tuples(st.just("put"), names, st.sampled_from(VALUES), st.just(False)),
+    st.tuples(st.just("txn"), st.just([]), st.lists(
+        st.tuples(st.just("put"), names, st.sampled_from(VALUES), st.just(False)),
+        min_size=2, max_size=3, unique_by=lambda o: o[1]), st.just([]))),
+    min_size=2, max_size=5)
+reads_st = st.lists(st.one_of(
+    st.tuples(st.just("rangeat"), st.integers(0, 5), st.sampled_from([b"", *NAMES]),
+              st.integers(0, 3)),
+    st.tuples(st.just("txn"), st.just([]), st.tuples(
+        st.tuples(st.just("put"), names, st.sampled_from(VALUES), st.just(False)),
+        st.tuples(st.just("getat"), names, st.integers(0, 5))).map(list), st.just([])),
+    st.tuples(st.just("txn"), st.just([]), st.tuples(
+        st.tuples(st.just("getat"), names, st.integers(0, 5)),
+        st.tuples(st.just("get"), names, st.just(-1))).map(list), st.just([]))),
+    min_size=1, max_size=4)
+
+
+@settings(deadline=None, max_examples=15, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(written_st, st.integers(0, 4), reads_st)
+def test_reads_after_a_compaction_answer_as_etcd(
+        sides: Sides, writes: list[tuple[Any, ...]], back: int,
+        reads: list[tuple[Any, ...]]) -> None:
+    sides.example += 1
+    sides.ns = b"/c%05d/" % sides.example
+    sides.made = {"etcd": [], "accord": []}
+    mods: dict[str, dict[bytes, int]] = {"etcd": {}, "accord": {}}
+    for step in [*writes, ("compact", back), *reads]:
+        _send(sides, step, mods)

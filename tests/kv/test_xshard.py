@@ -809,3 +809,32 @@ async def test_a_range_at_a_negative_revision_is_checked_as_one_etcd_checks_it(
             rev == -2 or compacted), (rev, compacted, want)
     await b.xcoord.drain()
     assert all(not m.intents for m in b.machines)
+
+
+async def test_a_one_shard_txn_reads_at_a_revision_another_shard_made() -> None:
+    """Revisions are the store's, not a shard's: a one-shard Txn (read-only, served as a
+    read, or writing, applied on its shard) may range at a revision another shard made,
+    above its own shard's latest, and reads its shard's state there, as one etcd reads
+    any revision up to its current one; above every revision of the store it is still
+    etcd's future-revision error."""
+    b = Shards()
+    k0, k1 = _one_key_on_each(b, (0, 1))
+    await b.put(pb.PutRequest(key=k0, value=b"old"))
+    made = (await b.put(pb.PutRequest(key=k1, value=b"other"))).header.revision
+    assert b.machines[0].revision < made
+
+    def at(rev: int, *writes: pb.RequestOp) -> pb.TxnRequest:
+        return pb.TxnRequest(success=[*writes, pb.RequestOp(
+            request_range=pb.RangeRequest(key=k0, revision=rev))])
+
+    read = await b.txn(at(made))
+    assert [kv.value for kv in read.responses[0].response_range.kvs] == [b"old"]
+    wrote = await b.txn(at(made, op_put(k0, b"new")))
+    assert [kv.value for kv in wrote.responses[1].response_range.kvs] == [b"old"]
+    assert wrote.header.revision > made
+    for req in (at(wrote.header.revision + 10**9), at(wrote.header.revision + 10**9,
+                                                       op_put(k0, b"newer"))):
+        with pytest.raises(EtcdError, match="future revision"):
+            await b.txn(req)
+    (kv,) = (await b.range(pb.RangeRequest(key=k0))).kvs
+    assert kv.value == b"new"

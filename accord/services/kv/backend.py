@@ -45,6 +45,7 @@ from accord.services.kv.revorder import RevisionOrder
 from accord.services.kv.shardwatch import ShardedWatchHub as ShardedWatchHubType
 from accord.services.kv.shardwatch import chase_floor
 from accord.services.kv.txnplan import TxnPlan, all_ranges
+from accord.services.kv.txnplan import ops as txn_ops
 from accord.services.kv.xcoord import Coordinator
 
 if TYPE_CHECKING:
@@ -750,10 +751,20 @@ class StateMachineBackend(ABC):
             # ReadIndex, with no log entry.
             start = self.read_start()
             await self.read_barrier(shard)
+            top = 0
+            if self.shards > 1:
+                # A range may name any revision of the store, as on one etcd; above the
+                # shard's own, as a Range does (``range``): its latest is its state there
+                # up to the read's start (the fence), above it once floored there.
+                want = max((op.request_range.revision for op, kind in txn_ops(req)
+                            if kind == "request_range"), default=0)
+                if want > max(sm.revision, start):
+                    await self._reach(shard, want)
+                top = max(sm.revision, start)
             if sm.intents.intents:
                 ranges = [KeyRange.of(k, e) for k, e in all_ranges(req)]
                 await self._wait_one_shard_read(shard, ranges, 0, start)
-            read: rpc_pb2.TxnResponse = sm.read_txn(req)
+            read: rpc_pb2.TxnResponse = sm.read_txn(req, top)
             if start > read.header.revision:
                 txn.answer_at(read, start)  # the store's revision, as the Range's
             await self.settle(read.header.revision)

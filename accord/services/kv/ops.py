@@ -44,15 +44,19 @@ class Executor:
         self.limits = limits
 
     # --- Range ------------------------------------------------------------------------
-    def range(self, req: rpc_pb2.RangeRequest, view_rev: int) -> rpc_pb2.RangeResponse:
+    def range(self, req: rpc_pb2.RangeRequest, view_rev: int,
+              top: int = 0) -> rpc_pb2.RangeResponse:
         """etcd's Range as seen from ``view_rev`` (the current revision, or a write txn's).
+        ``top``: the store's revision, if above ``view_rev``: on a shard of several, a
+        revision between the two was made on another shard, and this shard's state there
+        is its state at ``view_rev`` (a Txn's range at a revision of the store).
 
         Every field is read from the message once (each read of a protobuf field costs
         as much as a dictionary lookup and an allocation), and a single key is a lookup,
         not a scan."""
         store = self.store
         rev = req.revision
-        if rev > view_rev:
+        if rev > view_rev and rev > top:
             raise errors.FUTURE_REV
         if rev <= 0:
             rev = view_rev
@@ -128,9 +132,13 @@ class Executor:
         if lease_missing:
             raise errors.LEASE_NOT_FOUND
 
-    def check_txn_state(self, req: rpc_pb2.TxnRequest, taken: list[bool]) -> None:
+    def check_txn_state(self, req: rpc_pb2.TxnRequest, taken: list[bool],
+                        top: int = 0) -> None:
         """etcd's checkRequests along the taken path: every put's state first, then every
-        range's revision (so a bad put wins over a bad range that comes before it)."""
+        range's revision (so a bad put wins over a bad range that comes before it); a
+        range above ``top`` (the store's revision as the Txn sees it, 0: this store's
+        latest) is in the future."""
+        top = top or self.store.rev
         ops = self._taken_ops(req, taken, 0, [])[1]
         for op in ops:
             if op.WhichOneof("request") == "request_put":
@@ -138,7 +146,7 @@ class Executor:
         for op in ops:
             if op.WhichOneof("request") == "request_range":
                 r = op.request_range.revision
-                if r > self.store.rev:
+                if r > top:
                     raise errors.FUTURE_REV
                 if r != 0 and r < self.store.compact_rev:
                     # etcd's quirk, kept: after a compaction a *negative* revision in a
@@ -203,12 +211,21 @@ class Executor:
         resp.header.revision = wt.rev if wt.changes else self.store.rev
         return resp
 
-    def txn(self, wt: WriteTxn | None, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
-        """Evaluate the guards, check the taken path, then run it (in ``wt`` if it writes)."""
+    def txn(self, wt: WriteTxn | None, req: rpc_pb2.TxnRequest,
+            top: int = 0) -> rpc_pb2.TxnResponse:
+        """Evaluate the guards, check the taken path, then run it (in ``wt`` if it writes).
+
+        ``top``: the store's revision as the Txn sees it, the highest its ranges may
+        name (etcd's current revision before the Txn): by default the revision just below
+        ``wt``'s (on a shard of several, the revisions between the shard's latest and the
+        Txn's were made on other shards: this shard's state there is its latest), else
+        this store's latest; a read-only Txn served as a read passes the read's."""
+        if not top:
+            top = wt.rev - 1 if wt is not None else self.store.rev
         taken = txn.path(self.store, req, self.store.rev)
-        self.check_txn_state(req, taken)
+        self.check_txn_state(req, taken, top)
         resp = rpc_pb2.TxnResponse()
-        self._run(wt, req, taken, 0, resp)
+        self._run(wt, req, taken, 0, resp, top)
         if wt is not None and wt.changes:
             resp.header.revision = wt.rev
         else:
@@ -222,6 +239,7 @@ class Executor:
         taken: list[bool],
         i: int,
         resp: rpc_pb2.TxnResponse,
+        top: int = 0,
     ) -> int:
         ok = taken[i]
         i += 1
@@ -231,7 +249,7 @@ class Executor:
             out = resp.responses.add()
             if which == "request_range":
                 view = wt.read_rev if wt is not None else self.store.rev
-                out.response_range.CopyFrom(self.range(op.request_range, view))
+                out.response_range.CopyFrom(self.range(op.request_range, view, top))
             elif which == "request_put":
                 assert wt is not None, "a txn with a put runs in a write transaction"
                 out.response_put.CopyFrom(self.put(wt, op.request_put))
@@ -240,5 +258,5 @@ class Executor:
                 out.response_delete_range.CopyFrom(self.delete_range(wt, op.request_delete_range))
             elif which == "request_txn":
                 out.response_txn.header.SetInParent()
-                i = self._run(wt, op.request_txn, taken, i, out.response_txn)
+                i = self._run(wt, op.request_txn, taken, i, out.response_txn, top)
         return i

@@ -901,12 +901,14 @@ class KVStateMachine:
         """Whether no branch of ``req`` (nested ones included) can write."""
         return bool(txn.is_read_only(req))
 
-    def read_txn(self, req: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
-        """Evaluate a read-only Txn locally, as a read (no Raft entry, no revision bump)."""
+    def read_txn(self, req: rpc_pb2.TxnRequest, top: int = 0) -> rpc_pb2.TxnResponse:
+        """Evaluate a read-only Txn locally, as a read (no Raft entry, no revision bump);
+        ``top``: the store's revision the read answers at, if above this shard's (its
+        ranges may name a revision up to it: ``Executor.txn``)."""
         validate.validate_txn(req, self.limits)
         if not txn.is_read_only(req):
             raise ValueError("read_txn called with a Txn that writes")
-        result: rpc_pb2.TxnResponse = self._exec.txn(None, req)
+        result: rpc_pb2.TxnResponse = self._exec.txn(None, req, top)
         return result
 
     def lease_time_to_live(
