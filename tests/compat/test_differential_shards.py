@@ -6,7 +6,10 @@ shard, against a real etcd and a 3-member accord with ``--shards 8``, answers co
 Txns compare values, versions, mod and create revisions and leases, of keys and over
 every shard, read at negative revisions (etcd's first revision of a store never
 compacted is -1), and nest Txns (etcd refusing a put that overlaps another level's
-write: both sides must refuse alike).
+write: both sides must refuse alike). Ranges over every shard also read at negative
+revisions and filter by the mod or create revision a step made; the lease's keys are
+listed (as a set). A second test compacts at a revision a step made and reads around
+it: plain Ranges, and Txns ranging at past revisions (each side's own numbers).
 
 Every example's keys (``/dN/<name>``) are each a partition of their own, so a Txn over
 two or more of them spans shards, and a range (or a DeleteRange) over ``/dN/`` covers
@@ -177,6 +180,10 @@ compare_st = st.one_of(
     st.tuples(st.just("create"), names, st.sampled_from(["EQUAL", "GREATER"]), st.just(0)),
     st.tuples(st.just("lease"), names, st.sampled_from(["EQUAL", "NOT_EQUAL"]), st.just(0)),
     st.tuples(st.just("leaseis"), names, st.sampled_from(["EQUAL", "NOT_EQUAL"]), st.just(0)),
+    # over part of the keys, [a, b): some shards hold none of it
+    st.tuples(st.just("subrange"), st.tuples(names, names),
+              st.sampled_from(["VALUE", "VERSION"]), st.sampled_from(["EQUAL", "NOT_EQUAL",
+                                                                     "GREATER", "LESS"])),
     st.tuples(st.just("rangevalue"), st.just(b""), st.sampled_from(["EQUAL", "NOT_EQUAL",
                                                                     "GREATER", "LESS"]),
               st.sampled_from(VALUES)),
@@ -223,16 +230,34 @@ steps = st.one_of(txn_st, txn_st, st.tuples(st.just("put"), names, st.sampled_fr
                   # the example's lease granted, or revoked (its keys deleted on every
                   # shard at one revision)
                   st.tuples(st.just("grant")), st.tuples(st.just("revoke")),
-                  st.tuples(st.just("putlease"), names, st.sampled_from(VALUES)))
+                  st.tuples(st.just("putlease"), names, st.sampled_from(VALUES)),
+                  # the lease's keys (a set: etcd lists them in no set order)
+                  st.tuples(st.just("ttl")),
+                  # a Range over every shard at a negative revision (the latest), or
+                  # filtered by a revision a step made (mod or create, from or up to it)
+                  st.tuples(st.just("rangeneg"), st.sampled_from([-1, -2])),
+                  st.tuples(st.just("rangefilt"), st.integers(0, 3),
+                            st.sampled_from(["min_mod_revision", "max_mod_revision",
+                                             "min_create_revision", "max_create_revision"]),
+                            st.integers(0, 3)))
 
 
 def _compare(s: Sides, side: str, c: tuple[Any, ...], mods: dict[str, dict[bytes, int]]
              ) -> pb.Compare:
     kind, name, result, arg = c
-    r = getattr(pb.Compare, result)
+    r = getattr(pb.Compare, result) if kind != "subrange" else 0
     if kind == "range":
         return pb.Compare(key=s.ns, range_end=prefix_end(s.ns), target=pb.Compare.VERSION,
                           result=r, version=arg)
+    if kind == "subrange":
+        low, high = sorted(name)
+        target = getattr(pb.Compare, result)
+        r = getattr(pb.Compare, arg)
+        if target == pb.Compare.VALUE:
+            return pb.Compare(key=s.key(low), range_end=s.key(high), target=target, result=r,
+                              value=b"y")
+        return pb.Compare(key=s.key(low), range_end=s.key(high), target=target, result=r,
+                          version=1)
     if kind == "rangevalue":
         return pb.Compare(key=s.ns, range_end=prefix_end(s.ns), target=pb.Compare.VALUE,
                           result=r, value=arg)
@@ -337,6 +362,17 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
             req = pb.RangeRequest(key=s.key(start), range_end=prefix_end(s.ns), limit=limit,
                                   revision=_made(s, side, back))
             call = stub.Range
+        elif step[0] == "ttl":
+            req = pb.LeaseTimeToLiveRequest(ID=s.lease_id, keys=True)
+            call = s.lease_stubs[side].LeaseTimeToLive
+        elif step[0] == "rangeneg":
+            req = pb.RangeRequest(key=s.ns, range_end=prefix_end(s.ns), revision=step[1])
+            call = stub.Range
+        elif step[0] == "rangefilt":  # filtered by the revision a step ``back`` ago made
+            _kind, back, field, limit = step
+            req = pb.RangeRequest(key=s.ns, range_end=prefix_end(s.ns), limit=limit,
+                                  **{field: _made(s, side, back)})
+            call = stub.Range
         elif step[0] == "compact":  # history up to the revision a step ``back`` ago made
             req = pb.CompactionRequest(revision=_made(s, side, step[1]))
             call = stub.Compact
@@ -361,6 +397,10 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
     assert e[0] == a[0], (step, e, a)
     if e[0] == "error":
         assert e[1:] == a[1:], (step, e, a)
+        return
+    if step[0] == "ttl":
+        assert (e[1].ID, e[1].grantedTTL, sorted(e[1].keys)) == (
+            a[1].ID, a[1].grantedTTL, sorted(a[1].keys)), (step, e[1], a[1])
         return
     assert _norm(e[1]) == _norm(a[1]), (step, e[1], a[1])
     # The order: a step that made a revision on etcd (its header revision rose) made one on
@@ -454,7 +494,13 @@ reads_st = st.lists(st.one_of(
         st.tuples(st.just("getat"), names, st.integers(0, 5))).map(list), st.just([])),
     st.tuples(st.just("txn"), st.just([]), st.tuples(
         st.tuples(st.just("getat"), names, st.integers(0, 5)),
-        st.tuples(st.just("get"), names, st.just(-1))).map(list), st.just([]))),
+        st.tuples(st.just("get"), names, st.just(-1))).map(list), st.just([])),
+    st.tuples(st.just("rangeneg"), st.sampled_from([-1, -2])),
+    st.tuples(st.just("rangefilt"), st.integers(0, 5),
+              st.sampled_from(["min_mod_revision", "max_mod_revision",
+                               "min_create_revision", "max_create_revision"]),
+              st.integers(0, 3)),
+    st.tuples(st.just("compact"), st.integers(0, 5))),
     min_size=1, max_size=4)
 
 
