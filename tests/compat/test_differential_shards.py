@@ -8,8 +8,10 @@ every shard, read at negative revisions (etcd's first revision of a store never
 compacted is -1), and nest Txns (etcd refusing a put that overlaps another level's
 write: both sides must refuse alike). Ranges over every shard also read at negative
 revisions and filter by the mod or create revision a step made; the lease's keys are
-listed (as a set). A second test compacts at a revision a step made and reads around
-it: plain Ranges, and Txns ranging at past revisions (each side's own numbers).
+listed (as a set). After the live watch, a new watch of the example's keys from its
+first revision, with previous values, must replay the same events in the same order.
+A second test compacts at a revision a step made and reads around it: plain Ranges,
+and Txns ranging at past revisions (each side's own numbers).
 
 Every example's keys (``/dN/<name>``) are each a partition of their own, so a Txn over
 two or more of them spans shards, and a range (or a DeleteRange) over ``/dN/`` covers
@@ -62,18 +64,20 @@ TIMEOUT = 20.0
 
 class Events:
     """One watch over every example's keys (``/d``...) on one side, read by a thread:
-    the events as ``(revision, type, key, value)`` in delivery order."""
+    the events as ``(revision, type, key, value, previous value)`` in delivery order
+    (or a watch of ``key``..``range_end`` from ``start_revision``: an example's replay)."""
 
-    def __init__(self, channel: grpc.Channel) -> None:
+    def __init__(self, channel: grpc.Channel, key: bytes = b"/d", range_end: bytes = b"/e",
+                 start_revision: int = 0, prev_kv: bool = False) -> None:
         self._requests: queue.Queue[pb.WatchRequest | None] = queue.Queue()
-        self.got: queue.Queue[tuple[int, int, bytes, bytes]] = queue.Queue()
+        self.got: queue.Queue[tuple[int, int, bytes, bytes, bytes]] = queue.Queue()
         self.progress_answers: queue.Queue[int] = queue.Queue()
         self.created_answers: queue.Queue[tuple[int, int]] = queue.Queue()
         """(watch id, header revision) of every watch created after the first."""
         self.cancel_answers: queue.Queue[int] = queue.Queue()
         """The header revision of every cancel answered."""
         self._requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
-            key=b"/d", range_end=b"/e")))
+            key=key, range_end=range_end, start_revision=start_revision, prev_kv=prev_kv)))
         self._call = rpc_pb2_grpc.WatchStub(channel).Watch(iter(self._requests.get, None))
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
@@ -83,7 +87,8 @@ class Events:
             for resp in self._call:
                 if resp.watch_id == 0:  # the watch over every example's keys
                     for e in resp.events:
-                        self.got.put((e.kv.mod_revision, int(e.type), e.kv.key, e.kv.value))
+                        self.got.put((e.kv.mod_revision, int(e.type), e.kv.key, e.kv.value,
+                                      e.prev_kv.value))
                 elif resp.created:
                     self.created_answers.put((int(resp.watch_id), int(resp.header.revision)))
                 elif resp.canceled:
@@ -110,13 +115,13 @@ class Events:
         self._requests.put(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=wid)))
         return self.cancel_answers.get(timeout=TIMEOUT)
 
-    def until(self, key: bytes, prefix: bytes) -> list[list[tuple[int, bytes, bytes]]]:
+    def until(self, key: bytes, prefix: bytes) -> list[list[tuple[int, bytes, bytes, bytes]]]:
         """Every event under ``prefix`` up to the one of ``key`` (excluded), grouped by
         revision (those of other prefixes: left by an earlier example that failed)."""
-        groups: list[list[tuple[int, bytes, bytes]]] = []
+        groups: list[list[tuple[int, bytes, bytes, bytes]]] = []
         last = None
         while True:
-            rev, kind, k, value = self.got.get(timeout=TIMEOUT)
+            rev, kind, k, value, prev = self.got.get(timeout=TIMEOUT)
             if k == key:
                 return groups
             if not k.startswith(prefix):
@@ -124,7 +129,7 @@ class Events:
             if rev != last:
                 groups.append([])
                 last = rev
-            groups[-1].append((kind, k, value))
+            groups[-1].append((kind, k, value, prev))
 
     def close(self) -> None:
         self._requests.put(None)
@@ -134,6 +139,7 @@ class Events:
 class Sides:
     def __init__(self, etcd: str, accord: str) -> None:
         channels = {"etcd": grpc.insecure_channel(etcd), "accord": grpc.insecure_channel(accord)}
+        self.channels = channels
         self.stubs = {side: rpc_pb2_grpc.KVStub(ch) for side, ch in channels.items()}
         self.lease_stubs = {side: rpc_pb2_grpc.LeaseStub(ch) for side, ch in channels.items()}
         self.watches = {side: Events(ch) for side, ch in channels.items()}
@@ -451,6 +457,16 @@ def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, 
                                      timeout=TIMEOUT).header.revision)
         events[side] = sides.watches[side].until(end, sides.ns)
     assert events["accord"] == events["etcd"], program
+    # The same again from history: a new watch of the example's keys from its first
+    # revision, with the previous values, replays every shard merged in etcd's order.
+    replays = {side: Events(sides.channels[side], sides.ns, prefix_end(sides.ns),
+                            first[side], prev_kv=True) for side in sides.stubs}
+    try:
+        replayed = {side: r.until(end, sides.ns) for side, r in replays.items()}
+    finally:
+        for r in replays.values():
+            r.close()
+    assert replayed["accord"] == replayed["etcd"], program
     # A created answer and a progress request name the store's current revision: at or
     # above a write the watch does not see (another prefix, so no event of it closes the watched
     # shards; on etcd exactly at it), though every other shard of accord was idle since.
