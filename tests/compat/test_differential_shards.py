@@ -1,4 +1,5 @@
-"""Differential test over shards: random multi-key Txns, Puts, DeleteRanges and Ranges
+"""Differential test over shards (members of one process, and of two workers each):
+random multi-key Txns, Puts, DeleteRanges and Ranges
 (limits, key order either way, keys or counts only, over any span of the keys; and over
 every shard at a past revision: the one an earlier step of the example made on each
 side), and a lease per example that puts attach keys to and a revoke deletes on every
@@ -161,9 +162,13 @@ class Sides:
         return 0x5EED0000 + self.example
 
 
-@pytest.fixture(scope="module")
-def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sides]:
-    with ProcCluster(tmp_path_factory.mktemp("diff-shards"), 3, extra=("--shards", "8")) as c:
+@pytest.fixture(scope="module", params=[(), ("--workers", "2")], ids=["one-worker", "two-workers"])
+def sides(tmp_path_factory: pytest.TempPathFactory,
+          request: pytest.FixtureRequest) -> Iterator[Sides]:
+    """A fresh etcd and a 3-member accord with ``--shards 8``, each member one process or
+    two workers (its shards split between them, calls forwarded: ``docs/workers.md``)."""
+    with ProcCluster(tmp_path_factory.mktemp("diff-shards"), 3,
+                     extra=("--shards", "8", *request.param)) as c:
         c.wait_published()
         with etcd_server(tmp_path_factory.mktemp("etcd-diff-shards")) as e:
             sides = Sides(e.endpoint, c.nodes[0].endpoint)
