@@ -756,8 +756,7 @@ class StateMachineBackend(ABC):
                 # A range may name any revision of the store, as on one etcd; above the
                 # shard's own, as a Range does (``range``): its latest is its state there
                 # up to the read's start (the fence), above it once floored there.
-                want = max((op.request_range.revision for op, kind in txn_ops(req)
-                            if kind == "request_range"), default=0)
+                want = _range_revision(req)
                 if want > max(sm.revision, start):
                     await self._reach(shard, want)
                 top = max(sm.revision, start)
@@ -771,6 +770,14 @@ class StateMachineBackend(ABC):
             return read
         if self.alarms.has(rpc_pb2.NOSPACE) and _txn_puts(req):
             self._check_space()
+        if self.shards > 1:
+            want = _range_revision(req)
+            if want > sm.revision:
+                # A revision another shard made: floor this one there first, so that
+                # every member applies the Txn with the shard at or above it (one etcd
+                # reads any revision up to its current one; the apply refuses a range
+                # above the shard's latest as a future revision).
+                await self._reach(shard, want)
         command = self.sm.encode_txn(req, compact=compact,
                                      min_revision=self.stamp(noop_floor=True))
         try:
@@ -1097,6 +1104,12 @@ def check_hash_revision(revision: int, top: int, compacted: int) -> None:
         raise errors.COMPACTED
     if revision > top:
         raise errors.FUTURE_REV
+
+
+def _range_revision(req: rpc_pb2.TxnRequest) -> int:
+    """The highest revision a range of ``req`` names, in any branch (0: none)."""
+    return max((op.request_range.revision for op, kind in txn_ops(req)
+                if kind == "request_range"), default=0)
 
 
 def _txn_puts(req: rpc_pb2.TxnRequest) -> bool:

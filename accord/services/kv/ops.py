@@ -216,12 +216,14 @@ class Executor:
         """Evaluate the guards, check the taken path, then run it (in ``wt`` if it writes).
 
         ``top``: the store's revision as the Txn sees it, the highest its ranges may
-        name (etcd's current revision before the Txn): by default the revision just below
-        ``wt``'s (on a shard of several, the revisions between the shard's latest and the
-        Txn's were made on other shards: this shard's state there is its latest), else
-        this store's latest; a read-only Txn served as a read passes the read's."""
+        name (etcd's current revision before the Txn): by default this store's latest;
+        a read-only Txn served as a read on a shard of several passes the read's (the
+        revisions between the shard's latest and it were made on other shards, and the
+        shard's state there is its latest). A Txn that writes is applied with the
+        default on every member alike: its proposer floors the shard at the highest
+        revision its ranges name first (``StateMachineBackend.txn``)."""
         if not top:
-            top = wt.rev - 1 if wt is not None else self.store.rev
+            top = self.store.rev
         taken = txn.path(self.store, req, self.store.rev)
         self.check_txn_state(req, taken, top)
         resp = rpc_pb2.TxnResponse()
