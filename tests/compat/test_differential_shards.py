@@ -13,7 +13,8 @@ listed (as a set). After the live watch, a new watch of the example's keys from 
 first revision, with previous values (and in some examples without deletes), must
 replay the same events in the same order.
 A second test compacts at a revision a step made and reads around it: plain Ranges,
-and Txns ranging at past revisions (each side's own numbers).
+and Txns ranging at past revisions (each side's own numbers); then a watch from below
+the compaction must be cancelled naming it, and one from it must not.
 
 Every example's keys (``/dN/<name>``) are each a partition of their own, so a Txn over
 two or more of them spans shards, and a range (or a DeleteRange) over ``/dN/`` covers
@@ -541,5 +542,51 @@ def test_reads_after_a_compaction_answer_as_etcd(
     sides.ns = b"/c%05d/" % sides.example
     sides.made = {"etcd": [], "accord": []}
     mods: dict[str, dict[bytes, int]] = {"etcd": {}, "accord": {}}
-    for step in [*writes, ("compact", back), *reads]:
+    for step in writes:
         _send(sides, step, mods)
+    at = {side: _made(sides, side, back) for side in sides.stubs}
+    for step in [("compact", back), *reads]:
+        _send(sides, step, mods)
+    if any(step[0] == "compact" for step in reads):
+        return  # compacted again: the checks below are about the first one
+    # A watch from below the compaction is cancelled, naming it (each side its own
+    # number); one from the compaction's own revision is not.
+    for start in ("below", "at"):
+        answers = {side: _watch_answer(sides.channels[side], sides.ns,
+                                       at[side] - 1 if start == "below" else at[side])
+                   for side in sides.stubs}
+        for side, (canceled, compact_revision) in answers.items():
+            assert canceled == (start == "below"), (side, start, answers)
+            if canceled:
+                assert compact_revision == at[side], (side, start, answers, at)
+
+
+def _watch_answer(channel: grpc.Channel, prefix: bytes, start_revision: int
+                  ) -> tuple[bool, int]:
+    """Create a watch of ``prefix`` from ``start_revision`` on a stream of its own:
+    ``(cancelled, compact_revision)`` of the answers up to the first that cancels it or
+    carries events (or, after one second without either, the created answer's)."""
+    requests: queue.Queue[pb.WatchRequest | None] = queue.Queue()
+    requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
+        key=prefix, range_end=prefix_end(prefix), start_revision=start_revision)))
+    call = rpc_pb2_grpc.WatchStub(channel).Watch(iter(requests.get, None), timeout=TIMEOUT)
+    found: list[tuple[bool, int]] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            for resp in call:
+                found.append((bool(resp.canceled), int(resp.compact_revision)))
+                if resp.canceled or resp.events:
+                    break
+        except grpc.RpcError:
+            pass
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    done.wait(1.0)
+    requests.put(None)
+    call.cancel()
+    done.wait(TIMEOUT)
+    canceled = [f for f in found if f[0]]
+    return canceled[0] if canceled else (False, 0)
