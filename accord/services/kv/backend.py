@@ -45,7 +45,6 @@ from accord.services.kv.revorder import RevisionOrder
 from accord.services.kv.shardwatch import ShardedWatchHub as ShardedWatchHubType
 from accord.services.kv.shardwatch import chase_floor
 from accord.services.kv.txnplan import TxnPlan, all_ranges
-from accord.services.kv.txnplan import ops as txn_ops
 from accord.services.kv.xcoord import Coordinator
 
 if TYPE_CHECKING:
@@ -1107,9 +1106,21 @@ def check_hash_revision(revision: int, top: int, compacted: int) -> None:
 
 
 def _range_revision(req: rpc_pb2.TxnRequest) -> int:
-    """The highest revision a range of ``req`` names, in any branch (0: none)."""
-    return max((op.request_range.revision for op, kind in txn_ops(req)
-                if kind == "request_range"), default=0)
+    """The highest revision a range of ``req`` names, in any branch, nested Txns
+    included (0: none). On the path of every one-shard Txn: one pass, no list built."""
+    top = 0
+    for branch in (req.success, req.failure):
+        for op in branch:
+            which = op.WhichOneof("request")
+            if which == "request_range":
+                r = op.request_range.revision
+            elif which == "request_txn":
+                r = _range_revision(op.request_txn)
+            else:
+                continue
+            if r > top:
+                top = r
+    return top
 
 
 def _txn_puts(req: rpc_pb2.TxnRequest) -> bool:
