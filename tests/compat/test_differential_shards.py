@@ -197,8 +197,8 @@ compare_st = st.one_of(
     st.tuples(st.just("leaseis"), names, st.sampled_from(["EQUAL", "NOT_EQUAL"]), st.just(0)),
     # over part of the keys, [a, b): some shards hold none of it
     st.tuples(st.just("subrange"), st.tuples(names, names),
-              st.sampled_from(["VALUE", "VERSION"]), st.sampled_from(["EQUAL", "NOT_EQUAL",
-                                                                     "GREATER", "LESS"])),
+              st.sampled_from(["EQUAL", "NOT_EQUAL", "GREATER", "LESS"]),
+              st.sampled_from(["VALUE", "VERSION"])),
     st.tuples(st.just("rangevalue"), st.just(b""), st.sampled_from(["EQUAL", "NOT_EQUAL",
                                                                     "GREATER", "LESS"]),
               st.sampled_from(VALUES)),
@@ -260,14 +260,13 @@ steps = st.one_of(txn_st, txn_st, st.tuples(st.just("put"), names, st.sampled_fr
 def _compare(s: Sides, side: str, c: tuple[Any, ...], mods: dict[str, dict[bytes, int]]
              ) -> pb.Compare:
     kind, name, result, arg = c
-    r = getattr(pb.Compare, result) if kind != "subrange" else 0
+    r = getattr(pb.Compare, result)
     if kind == "range":
         return pb.Compare(key=s.ns, range_end=prefix_end(s.ns), target=pb.Compare.VERSION,
                           result=r, version=arg)
-    if kind == "subrange":
+    if kind == "subrange":  # arg: the target
         low, high = sorted(name)
-        target = getattr(pb.Compare, result)
-        r = getattr(pb.Compare, arg)
+        target = getattr(pb.Compare, arg)
         if target == pb.Compare.VALUE:
             return pb.Compare(key=s.key(low), range_end=s.key(high), target=target, result=r,
                               value=b"y")
