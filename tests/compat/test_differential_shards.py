@@ -1,17 +1,18 @@
 """Differential test over shards (members of one process, and of two workers each):
-random multi-key Txns, Puts, DeleteRanges and Ranges
-(limits, key order either way, keys or counts only, over any span of the keys; and over
-every shard at a past revision: the one an earlier step of the example made on each
-side), and a lease per example that puts attach keys to and a revoke deletes on every
-shard, against a real etcd and a 3-member accord with ``--shards 8``, answers compared.
+random multi-key Txns, Puts, DeleteRanges and Ranges (limits, sorted by any target
+either way, keys or counts only, over any span of the keys; and over every shard at a
+past revision: the one an earlier step of the example made on each side), and a lease
+per example that puts attach keys to and a revoke deletes on every
+shard, against a real etcd and a 3-member accord with ``--shards 8`` (and with
+``--shards 1``: the same answers), answers compared.
 Txns compare values, versions, mod and create revisions and leases, of keys and over
 every shard, read at negative revisions (etcd's first revision of a store never
 compacted is -1), and nest Txns (etcd refusing a put that overlaps another level's
 write: both sides must refuse alike). Ranges over every shard also read at negative
 revisions and filter by the mod or create revision a step made; the lease's keys are
 listed (as a set). After the live watch, a new watch of the example's keys from its
-first revision, with previous values (and in some examples without deletes), must
-replay the same events in the same order.
+first revision, with previous values (in some examples without deletes, or without
+puts), must replay the same events in the same order.
 A second test compacts at a revision a step made and reads around it: plain Ranges,
 and Txns ranging at past revisions (each side's own numbers); then a watch from below
 the compaction must be cancelled naming it, and one from it must not.
@@ -50,7 +51,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import json_format
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 from accord.proto import rpc_pb2 as pb
@@ -166,13 +167,15 @@ class Sides:
         return 0x5EED0000 + self.example
 
 
-@pytest.fixture(scope="module", params=[(), ("--workers", "2")], ids=["one-worker", "two-workers"])
+@pytest.fixture(scope="module", params=[("--shards", "8"), ("--shards", "8", "--workers", "2"),
+                                        ("--shards", "1")],
+                ids=["one-worker", "two-workers", "one-shard"])
 def sides(tmp_path_factory: pytest.TempPathFactory,
           request: pytest.FixtureRequest) -> Iterator[Sides]:
     """A fresh etcd and a 3-member accord with ``--shards 8``, each member one process or
-    two workers (its shards split between them, calls forwarded: ``docs/workers.md``)."""
-    with ProcCluster(tmp_path_factory.mktemp("diff-shards"), 3,
-                     extra=("--shards", "8", *request.param)) as c:
+    two workers (its shards split between them, calls forwarded: ``docs/workers.md``);
+    and, the same examples, with ``--shards 1``: one Raft group, etcd's own layout."""
+    with ProcCluster(tmp_path_factory.mktemp("diff-shards"), 3, extra=request.param) as c:
         c.wait_published()
         with etcd_server(tmp_path_factory.mktemp("etcd-diff-shards")) as e:
             sides = Sides(e.endpoint, c.nodes[0].endpoint)
@@ -182,6 +185,7 @@ def sides(tmp_path_factory: pytest.TempPathFactory,
 
 
 names = st.sampled_from(NAMES)
+SORT_TARGETS = ["KEY", "KEY", "VERSION", "CREATE", "MOD", "VALUE"]
 compare_st = st.one_of(
     st.tuples(st.just("value"), names, st.sampled_from(["EQUAL", "NOT_EQUAL", "GREATER"]),
               st.sampled_from(VALUES)),
@@ -212,9 +216,12 @@ op_st = st.one_of(
     # compacted is -1), -2 fails the Txn as compacted
     st.tuples(st.just("get"), names, st.sampled_from([-1, -1, -2])),
     st.tuples(st.just("getall"), st.just(b""), st.integers(0, 3)),
-    # over every shard, keys or a count only, in either key order
+    # over every shard, keys or a count only, in either key order, or sorted by another
+    # target either way (or not: etcd then sorts ascending)
     st.tuples(st.just("getallas"), st.just(b""), st.sampled_from(
         ["keys_only", "count_only", "ASCEND", "DESCEND"])),
+    st.tuples(st.just("getsorted"), st.sampled_from(SORT_TARGETS[2:]),
+              st.sampled_from(["NONE", "ASCEND", "DESCEND"]), st.integers(0, 2)),
     # a put keeping the key's value (etcd fails the Txn when the key is missing)
     st.tuples(st.just("putkeep"), names, st.just(b"")),
     # a put attached to the example's lease (fails the Txn while it is not granted)
@@ -229,13 +236,16 @@ txn_op_st = st.one_of(op_st, op_st, op_st, nested_st)
 txn_st = st.tuples(st.just("txn"), st.lists(compare_st, max_size=3),
                    st.lists(txn_op_st, max_size=4), st.lists(txn_op_st, max_size=3))
 # A Range over several shards, merged: from a name (or the example's first key) to a
-# later one (or the end of the example's keys), with a limit, key order either way, keys
-# or a count only. (Sorts by version, value or revision are left out: etcd breaks their
-# ties in no set order.)
+# later one (or the end of the example's keys), with a limit, sorted by any target either
+# way (or not), keys or a count only. Ties of a sort by version, value or revision:
+# etcd sorts its key-ordered result with Go's sort.Sort, which for the few keys of an
+# example (six at most: an insertion sort) keeps tied keys in key order, ascending and
+# descending alike; merged over shards they must come out the same.
 range_st = st.tuples(st.just("range"), st.sampled_from([b"", *NAMES]),
                      st.sampled_from([b"", *NAMES]), st.integers(0, 3),
                      st.sampled_from(["NONE", "ASCEND", "DESCEND"]),
-                     st.sampled_from(["plain", "keys_only", "count_only"]))
+                     st.sampled_from(["plain", "keys_only", "count_only"]),
+                     st.sampled_from(SORT_TARGETS))
 steps = st.one_of(txn_st, txn_st, st.tuples(st.just("put"), names, st.sampled_from(VALUES),
                                             st.booleans()),
                   st.tuples(st.just("delrange"), st.booleans()), range_st,
@@ -317,6 +327,10 @@ def _op(s: Sides, side: str, o: tuple[Any, ...], mods: dict[str, dict[bytes, int
                                                       lease=s.lease_id))
     if kind == "putkeep":
         return pb.RequestOp(request_put=pb.PutRequest(key=s.key(name), ignore_value=True))
+    if kind == "getsorted":  # name: the target; arg: the order; o[3]: the limit
+        return pb.RequestOp(request_range=pb.RangeRequest(
+            key=s.ns, range_end=prefix_end(s.ns), sort_target=getattr(pb.RangeRequest, name),
+            sort_order=getattr(pb.RangeRequest, arg), limit=o[3]))
     if kind == "getallas":
         return pb.RequestOp(request_range=pb.RangeRequest(
             key=s.ns, range_end=prefix_end(s.ns), keys_only=arg == "keys_only",
@@ -391,11 +405,11 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
             req = pb.CompactionRequest(revision=_made(s, side, step[1]))
             call = stub.Compact
         elif step[0] == "range":
-            _kind, start, end, limit, order, only = step
+            _kind, start, end, limit, order, only, target = step
             req = pb.RangeRequest(
                 key=s.key(start), range_end=s.key(end) if end else prefix_end(s.ns),
                 limit=limit, sort_order=getattr(pb.RangeRequest, order),
-                sort_target=pb.RangeRequest.KEY, keys_only=only == "keys_only",
+                sort_target=getattr(pb.RangeRequest, target), keys_only=only == "keys_only",
                 count_only=only == "count_only")
             call = stub.Range
         else:
@@ -449,7 +463,18 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
 @settings(deadline=None, max_examples=40, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(st.lists(steps.filter(lambda t: t[0] != "txn" or (_valid(t[2]) and _valid(t[3]))),
                 min_size=1, max_size=8),
-       st.sampled_from([(), ("NODELETE",)]))
+       st.sampled_from([(), ("NODELETE",), ("NOPUT",)]))
+# Ties of a sort by value, by mod and create revision (one Txn's keys) and by version,
+# merged over shards: in key order, whichever way the sort goes, as etcd answers them.
+@example(program=[("txn", [], [("put", b"a", b"x", False), ("put", b"c", b"x", False),
+                               ("put", b"e", b"y", False)], []),
+                  ("put", b"b", b"x", False),
+                  ("range", b"", b"", 0, "DESCEND", "plain", "VALUE"),
+                  ("range", b"", b"", 2, "DESCEND", "keys_only", "MOD"),
+                  ("range", b"", b"", 0, "NONE", "plain", "CREATE"),
+                  ("txn", [], [("getsorted", "VERSION", "DESCEND", 0),
+                               ("getsorted", "VALUE", "ASCEND", 2)], [])],
+         filters=("NOPUT",))
 def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, ...]],
                                          filters: tuple[str, ...]) -> None:
     sides.example += 1
@@ -467,8 +492,12 @@ def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, 
                                      timeout=TIMEOUT).header.revision)
         events[side] = sides.watches[side].until(end, sides.ns)
     assert events["accord"] == events["etcd"], program
+    if filters == ("NOPUT",):  # a replay without puts ends at the end key's delete
+        for stub in sides.stubs.values():
+            stub.DeleteRange(pb.DeleteRangeRequest(key=end), timeout=TIMEOUT)
     # The same again from history: a new watch of the example's keys from its first
-    # revision, with the previous values (and, in some examples, without deletes),
+    # revision, with the previous values (and, in some examples, without deletes or
+    # without puts),
     # replays every shard merged in etcd's order.
     replays = {side: Events(sides.channels[side], sides.ns, prefix_end(sides.ns),
                             first[side], prev_kv=True, filters=filters)
