@@ -12,7 +12,8 @@ write: both sides must refuse alike). Ranges over every shard also read at negat
 revisions and filter by the mod or create revision a step made; the lease's keys are
 listed (as a set). After the live watch, a new watch of the example's keys from its
 first revision, with previous values (in some examples without deletes, or without
-puts), must replay the same events in the same order.
+puts), must replay the same events in the same order, and so must one resumed from the
+revision a step made.
 A second test compacts at a revision a step made and reads around it: plain Ranges,
 and Txns ranging at past revisions (each side's own numbers); then a watch from below
 the compaction must be cancelled naming it, and one from it must not.
@@ -222,8 +223,12 @@ op_st = st.one_of(
         ["keys_only", "count_only", "ASCEND", "DESCEND"])),
     st.tuples(st.just("getsorted"), st.sampled_from(SORT_TARGETS[2:]),
               st.sampled_from(["NONE", "ASCEND", "DESCEND"]), st.integers(0, 2)),
-    # a put keeping the key's value (etcd fails the Txn when the key is missing)
-    st.tuples(st.just("putkeep"), names, st.just(b"")),
+    # a put keeping the key's value, its lease or both (etcd fails the Txn when the key
+    # is missing)
+    st.tuples(st.just("putkeep"), names, st.sampled_from(["value", "lease", "both"])),
+    # a DeleteRange over part of the keys, [a, b): some shards hold none of it (etcd
+    # refuses a put of the same level inside it)
+    st.tuples(st.just("delsub"), st.tuples(names, names), st.booleans()),
     # a put attached to the example's lease (fails the Txn while it is not granted)
     st.tuples(st.just("putlease"), names, st.sampled_from(VALUES)),
 )
@@ -325,8 +330,14 @@ def _op(s: Sides, side: str, o: tuple[Any, ...], mods: dict[str, dict[bytes, int
     if kind == "putlease":
         return pb.RequestOp(request_put=pb.PutRequest(key=s.key(name), value=arg,
                                                       lease=s.lease_id))
-    if kind == "putkeep":
-        return pb.RequestOp(request_put=pb.PutRequest(key=s.key(name), ignore_value=True))
+    if kind == "putkeep":  # arg: what it keeps
+        return pb.RequestOp(request_put=pb.PutRequest(
+            key=s.key(name), value=b"" if arg != "lease" else b"k",
+            ignore_value=arg != "lease", ignore_lease=arg != "value"))
+    if kind == "delsub":  # name: the range's ends, in either order; arg: prev_kv
+        low, high = sorted(name)
+        return pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(
+            key=s.key(low), range_end=s.key(high), prev_kv=arg))
     if kind == "getsorted":  # name: the target; arg: the order; o[3]: the limit
         return pb.RequestOp(request_range=pb.RangeRequest(
             key=s.ns, range_end=prefix_end(s.ns), sort_target=getattr(pb.RangeRequest, name),
@@ -456,14 +467,15 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
     if step[0] == "txn" and a[1].succeeded is not None:
         written = {s.key(o[1]) for o in (step[2] if a[1].succeeded else step[3])
                    if o[0] == "put"}
-        if written and not any(o[0] in ("del", "delall") for o in step[2] + step[3]):
+        if written and not any(o[0] in ("del", "delall", "delsub")
+                               for o in step[2] + step[3]):
             assert {mods["accord"][k] for k in written} == {a[1].header.revision}
 
 
 @settings(deadline=None, max_examples=40, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(st.lists(steps.filter(lambda t: t[0] != "txn" or (_valid(t[2]) and _valid(t[3]))),
                 min_size=1, max_size=8),
-       st.sampled_from([(), ("NODELETE",), ("NOPUT",)]))
+       st.sampled_from([(), ("NODELETE",), ("NOPUT",)]), st.integers(0, 3))
 # Ties of a sort by value, by mod and create revision (one Txn's keys) and by version,
 # merged over shards: in key order, whichever way the sort goes, as etcd answers them.
 @example(program=[("txn", [], [("put", b"a", b"x", False), ("put", b"c", b"x", False),
@@ -474,9 +486,9 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
                   ("range", b"", b"", 0, "NONE", "plain", "CREATE"),
                   ("txn", [], [("getsorted", "VERSION", "DESCEND", 0),
                                ("getsorted", "VALUE", "ASCEND", 2)], [])],
-         filters=("NOPUT",))
+         filters=("NOPUT",), resume=2)
 def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, ...]],
-                                         filters: tuple[str, ...]) -> None:
+                                         filters: tuple[str, ...], resume: int) -> None:
     sides.example += 1
     sides.ns = b"/d%05d/" % sides.example
     sides.made = {"etcd": [], "accord": []}
@@ -497,17 +509,22 @@ def test_multi_shard_txns_answer_as_etcd(sides: Sides, program: list[tuple[Any, 
             stub.DeleteRange(pb.DeleteRangeRequest(key=end), timeout=TIMEOUT)
     # The same again from history: a new watch of the example's keys from its first
     # revision, with the previous values (and, in some examples, without deletes or
-    # without puts),
-    # replays every shard merged in etcd's order.
-    replays = {side: Events(sides.channels[side], sides.ns, prefix_end(sides.ns),
-                            first[side], prev_kv=True, filters=filters)
-               for side in sides.stubs}
-    try:
-        replayed = {side: r.until(end, sides.ns) for side, r in replays.items()}
-    finally:
-        for r in replays.values():
-            r.close()
-    assert replayed["accord"] == replayed["etcd"], program
+    # without puts), replays every shard merged in etcd's order; and so does one resumed
+    # from the revision a step made (each side's own number for it), as a client
+    # reconnecting after that step would.
+    starts = [first]
+    if sides.made["etcd"]:
+        starts.append({side: _made(sides, side, resume) for side in sides.stubs})
+    for start in starts:
+        replays = {side: Events(sides.channels[side], sides.ns, prefix_end(sides.ns),
+                                start[side], prev_kv=True, filters=filters)
+                   for side in sides.stubs}
+        try:
+            replayed = {side: r.until(end, sides.ns) for side, r in replays.items()}
+        finally:
+            for r in replays.values():
+                r.close()
+        assert replayed["accord"] == replayed["etcd"], (program, start)
     # A created answer and a progress request name the store's current revision: at or
     # above a write the watch does not see (another prefix, so no event of it closes the watched
     # shards; on etcd exactly at it), though every other shard of accord was idle since.
