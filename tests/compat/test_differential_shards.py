@@ -241,13 +241,14 @@ txn_op_st = st.one_of(op_st, op_st, op_st, nested_st)
 txn_st = st.tuples(st.just("txn"), st.lists(compare_st, max_size=3),
                    st.lists(txn_op_st, max_size=4), st.lists(txn_op_st, max_size=3))
 # A Range over several shards, merged: from a name (or the example's first key) to a
-# later one (or the end of the example's keys), with a limit, sorted by any target either
+# later one (or the end of the example's keys, or of the whole keyspace: "\0", over the
+# keys earlier examples and tests left too, the same on both sides), with a limit, sorted by any target either
 # way (or not), keys or a count only. Ties of a sort by version, value or revision:
 # etcd sorts its key-ordered result with Go's sort.Sort, which for the few keys of an
 # example (six at most: an insertion sort) keeps tied keys in key order, ascending and
 # descending alike; merged over shards they must come out the same.
 range_st = st.tuples(st.just("range"), st.sampled_from([b"", *NAMES]),
-                     st.sampled_from([b"", *NAMES]), st.integers(0, 3),
+                     st.sampled_from([b"", *NAMES, b"\0"]), st.integers(0, 3),
                      st.sampled_from(["NONE", "ASCEND", "DESCEND"]),
                      st.sampled_from(["plain", "keys_only", "count_only"]),
                      st.sampled_from(SORT_TARGETS))
@@ -418,7 +419,8 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
         elif step[0] == "range":
             _kind, start, end, limit, order, only, target = step
             req = pb.RangeRequest(
-                key=s.key(start), range_end=s.key(end) if end else prefix_end(s.ns),
+                key=s.key(start),
+                range_end=b"\0" if end == b"\0" else s.key(end) if end else prefix_end(s.ns),
                 limit=limit, sort_order=getattr(pb.RangeRequest, order),
                 sort_target=getattr(pb.RangeRequest, target), keys_only=only == "keys_only",
                 count_only=only == "count_only")
