@@ -16,7 +16,9 @@ puts), must replay the same events in the same order, and so must one resumed fr
 revision a step made.
 A second test compacts at a revision a step made and reads around it: plain Ranges,
 and Txns ranging at past revisions (each side's own numbers); then a watch from below
-the compaction must be cancelled naming it, and one from it must not.
+the compaction must be cancelled naming it, and one from it must not. A third sends one
+revision of 2.1 MB of events over three shards to watches with and without ``fragment``:
+the same pieces as etcd's.
 
 Every example's keys (``/dN/<name>``) are each a partition of their own, so a Txn over
 two or more of them spans shards, and a range (or a DeleteRange) over ``/dN/`` covers
@@ -637,3 +639,61 @@ def _watch_answer(channel: grpc.Channel, prefix: bytes, start_revision: int
     done.wait(TIMEOUT)
     canceled = [f for f in found if f[0]]
     return canceled[0] if canceled else (False, 0)
+
+
+def test_a_large_revision_over_shards_is_fragmented_as_etcd_fragments_it(sides: Sides) -> None:
+    """A DeleteRange over three shards whose events carry 700 KiB previous values each
+    (2.1 MB at one revision, over etcd's 1.5 MiB request limit): a watch created with
+    ``fragment`` gets it in the same pieces as from etcd (the last one not marked), and
+    one created without gets it whole, in one response; the merged watch of the
+    sharded layout too."""
+    sides.example += 1
+    prefix = b"/f%05d/" % sides.example
+    big = b"x" * (700 * 1024)
+    seen = {}
+    for side, stub in sides.stubs.items():
+        for name in (b"a", b"b", b"c"):
+            stub.Put(pb.PutRequest(key=prefix + name, value=big), timeout=TIMEOUT)
+        watches = [_Pieces(sides.channels[side], prefix, fragment) for fragment in (True, False)]
+        stub.DeleteRange(pb.DeleteRangeRequest(key=prefix, range_end=prefix_end(prefix)),
+                         timeout=TIMEOUT)
+        seen[side] = [w.pieces(3) for w in watches]
+    assert seen["accord"] == seen["etcd"]
+    assert [len(pieces) for pieces in seen["etcd"]] == [2, 1]
+
+
+class _Pieces:
+    """A watch of ``prefix`` from now, with previous values, on a stream of its own: the
+    responses that carry its events, as ``(fragment, [(type, key, previous value's
+    size)])``."""
+
+    def __init__(self, channel: grpc.Channel, prefix: bytes, fragment: bool) -> None:
+        self._requests: queue.Queue[pb.WatchRequest | None] = queue.Queue()
+        self._requests.put(pb.WatchRequest(create_request=pb.WatchCreateRequest(
+            key=prefix, range_end=prefix_end(prefix), prev_kv=True, fragment=fragment)))
+        self._call = rpc_pb2_grpc.WatchStub(channel).Watch(iter(self._requests.get, None),
+                                                           timeout=TIMEOUT)
+        self._got: queue.Queue[pb.WatchResponse] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        assert self._got.get(timeout=TIMEOUT).created
+
+    def _read(self) -> None:
+        try:
+            for resp in self._call:
+                self._got.put(resp)
+        except grpc.RpcError:
+            pass  # cancelled at the end
+
+    def pieces(self, events: int) -> list[tuple[bool, list[tuple[int, bytes, int]]]]:
+        """The responses up to the one that brings the count of events to ``events``."""
+        out: list[tuple[bool, list[tuple[int, bytes, int]]]] = []
+        try:
+            while sum(len(evs) for _f, evs in out) < events:
+                resp = self._got.get(timeout=TIMEOUT)
+                if resp.events:
+                    out.append((bool(resp.fragment), [
+                        (int(e.type), e.kv.key[-1:], len(e.prev_kv.value)) for e in resp.events]))
+        finally:
+            self._requests.put(None)
+            self._call.cancel()
+        return out
