@@ -189,6 +189,7 @@ def sides(tmp_path_factory: pytest.TempPathFactory,
 
 names = st.sampled_from(NAMES)
 SORT_TARGETS = ["KEY", "KEY", "VERSION", "CREATE", "MOD", "VALUE"]
+sorts = st.tuples(st.sampled_from(SORT_TARGETS), st.sampled_from(["NONE", "ASCEND", "DESCEND"]))
 compare_st = st.one_of(
     st.tuples(st.just("value"), names, st.sampled_from(["EQUAL", "NOT_EQUAL", "GREATER"]),
               st.sampled_from(VALUES)),
@@ -205,7 +206,7 @@ compare_st = st.one_of(
     # over part of the keys, [a, b): some shards hold none of it
     st.tuples(st.just("subrange"), st.tuples(names, names),
               st.sampled_from(["EQUAL", "NOT_EQUAL", "GREATER", "LESS"]),
-              st.sampled_from(["VALUE", "VERSION"])),
+              st.sampled_from(["VALUE", "VERSION", "MOD", "CREATE", "LEASE"])),
     st.tuples(st.just("rangevalue"), st.just(b""), st.sampled_from(["EQUAL", "NOT_EQUAL",
                                                                     "GREATER", "LESS"]),
               st.sampled_from(VALUES)),
@@ -267,12 +268,13 @@ steps = st.one_of(txn_st, txn_st, st.tuples(st.just("put"), names, st.sampled_fr
                   # the lease's keys (a set: etcd lists them in no set order)
                   st.tuples(st.just("ttl")),
                   # a Range over every shard at a negative revision (the latest), or
-                  # filtered by a revision a step made (mod or create, from or up to it)
+                  # filtered by a revision a step made (mod or create, from or up to it),
+                  # sorted by any target either way (or not)
                   st.tuples(st.just("rangeneg"), st.sampled_from([-1, -2])),
                   st.tuples(st.just("rangefilt"), st.integers(0, 3),
                             st.sampled_from(["min_mod_revision", "max_mod_revision",
                                              "min_create_revision", "max_create_revision"]),
-                            st.integers(0, 3)))
+                            st.integers(0, 3), sorts))
 
 
 def _compare(s: Sides, side: str, c: tuple[Any, ...], mods: dict[str, dict[bytes, int]]
@@ -288,8 +290,13 @@ def _compare(s: Sides, side: str, c: tuple[Any, ...], mods: dict[str, dict[bytes
         if target == pb.Compare.VALUE:
             return pb.Compare(key=s.key(low), range_end=s.key(high), target=target, result=r,
                               value=b"y")
+        if target == pb.Compare.VERSION:
+            return pb.Compare(key=s.key(low), range_end=s.key(high), target=target, result=r,
+                              version=1)
+        # revisions against 0 (the same on both sides), leases against the example's
         return pb.Compare(key=s.key(low), range_end=s.key(high), target=target, result=r,
-                          version=1)
+                          mod_revision=0, create_revision=0,
+                          lease=s.lease_id if target == pb.Compare.LEASE else 0)
     if kind == "rangevalue":
         return pb.Compare(key=s.ns, range_end=prefix_end(s.ns), target=pb.Compare.VALUE,
                           result=r, value=arg)
@@ -411,8 +418,10 @@ def _send(s: Sides, step: tuple[Any, ...], mods: dict[str, dict[bytes, int]]) ->
             req = pb.RangeRequest(key=s.ns, range_end=prefix_end(s.ns), revision=step[1])
             call = stub.Range
         elif step[0] == "rangefilt":  # filtered by the revision a step ``back`` ago made
-            _kind, back, field, limit = step
+            _kind, back, field, limit, (target, order) = step
             req = pb.RangeRequest(key=s.ns, range_end=prefix_end(s.ns), limit=limit,
+                                  sort_target=getattr(pb.RangeRequest, target),
+                                  sort_order=getattr(pb.RangeRequest, order),
                                   **{field: _made(s, side, back)})
             call = stub.Range
         elif step[0] == "compact":  # history up to the revision a step ``back`` ago made
@@ -577,7 +586,7 @@ reads_st = st.lists(st.one_of(
     st.tuples(st.just("rangefilt"), st.integers(0, 5),
               st.sampled_from(["min_mod_revision", "max_mod_revision",
                                "min_create_revision", "max_create_revision"]),
-              st.integers(0, 3)),
+              st.integers(0, 3), sorts),
     st.tuples(st.just("compact"), st.integers(0, 5))),
     min_size=1, max_size=4)
 
