@@ -2,9 +2,9 @@
 random multi-key Txns, Puts, DeleteRanges and Ranges (limits, sorted by any target
 either way, keys or counts only, over any span of the keys; and over every shard at a
 past revision: the one an earlier step of the example made on each side), and a lease
-per example that puts attach keys to and a revoke deletes on every
-shard, against a real etcd and a 3-member accord with ``--shards 8`` (and with
-``--shards 1``: the same answers), answers compared.
+per example that puts attach keys to and a revoke deletes on every shard, against a
+real etcd and a 3-member accord with ``--shards 8`` (and with ``--shards 1``: the same
+answers), answers compared.
 Txns compare values, versions, mod and create revisions and leases, of keys and over
 every shard, read at negative revisions (etcd's first revision of a store never
 compacted is -1), and nest Txns (etcd refusing a put that overlaps another level's
@@ -34,8 +34,8 @@ response nested in it carries the revision etcd's does in its place (the Txn's, 
 one just below before the Txn's first change; a nested Txn's own header 0: the same
 shape as etcd's answer, ``test_revorder.shape``), and a compare-and-swap on the
 mod_revisions each side reported behaves the same on both. And the watch: each side has
-one watch over every example's keys (on accord a merged watch over all 8 shards); at the
-end of an example a last Put closes it, and the events each side delivered, grouped by
+one watch over every example's keys (on a sharded accord a merged watch over all 8
+shards); at the end of an example a last Put closes it, and the events each side delivered, grouped by
 revision, must be the same lists in the same order: every step's events at one revision,
 a multi-shard Txn's in its operation order (nested Txns in turn, a DeleteRange's keys in
 key order), exactly as etcd delivers them; then a progress request is answered at or
@@ -245,8 +245,8 @@ txn_st = st.tuples(st.just("txn"), st.lists(compare_st, max_size=3),
                    st.lists(txn_op_st, max_size=4), st.lists(txn_op_st, max_size=3))
 # A Range over several shards, merged: from a name (or the example's first key) to a
 # later one (or the end of the example's keys, or of the whole keyspace: "\0", over the
-# keys earlier examples and tests left too, the same on both sides), with a limit, sorted by any target either
-# way (or not), keys or a count only. Ties of a sort by version, value or revision:
+# keys earlier examples and tests left too, the same on both sides), with a limit,
+# sorted by any target either way (or not), keys or a count only. Ties of a sort by version, value or revision:
 # etcd sorts its key-ordered result with Go's sort.Sort, which for the few keys of an
 # example (six at most: an insertion sort) keeps tied keys in key order, ascending and
 # descending alike; merged over shards they must come out the same.
