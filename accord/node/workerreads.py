@@ -10,6 +10,10 @@ store has it), then every worker floors its shards at R and reads them at R
 workers' shards is read the same way: ``TxnCompares`` at R, the branch taken,
 ``TxnReads`` of it. A linearizable read answers at its clock revision where the shards'
 read fences hold it, without flooring them (``docs/txn.md``, "The revision of a read").
+A serializable Range reads each shard as of R or its latest, with no barrier and no
+floor, R lowered below what would show part of a multi-shard Txn (``RangeHeld``: the
+intents over its keys and the shards' revisions; ``RangeUnapplied``: the commits one
+shard applied and another has not yet).
 
 :class:`WorkerSet` is what this module and ``workermaint.py`` need of the router they
 are part of (``workers.WorkerRouter``).
@@ -38,6 +42,14 @@ ReadIndex barrier on each when ``barrier``)."""
 RANGE_PARTS = "/accord.worker/RangeParts"
 """Internal: ``[RangeRequest, shards, R, serializable]`` -> each shard's answer at R
 (floored there first unless serializable)."""
+RANGE_HELD = "/accord.worker/RangeHeld"
+"""Internal: ``[shards, key, range_end]`` -> ``[the lowest revision an open intent over
+the range reserved on those shards (0: none), [each shard's revision]]``: a
+serializable read answers below that reservation."""
+RANGE_UNAPPLIED = "/accord.worker/RangeUnapplied"
+"""Internal: ``[shards, [[shard, revision] of every shard the read covers], R]`` -> R,
+or just below the lowest multi-shard commit at or below it that one of those shards
+applied and another covered shard has not yet (``below_unapplied``)."""
 TXN_COMPARES = "/accord.worker/TxnCompares"
 """Internal: ``[TxnRequest, shards, R, fenced]`` -> ``[[compares of each shard at R],
 highest first revision]`` (etcd's: the last compaction, -1 if none), each shard floored
@@ -92,6 +104,14 @@ class ReadsAcrossWorkers(WorkerSet):
                 *(self._tops(w, s, barrier) for w, s in every.items())))
             if rev > store:
                 raise errors.FUTURE_REV
+        if not barrier and req.revision <= 0 and not b.broken_serializable_parts:
+            # never part of a multi-shard Txn
+            held = await asyncio.gather(*(self._held(w, s, req) for w, s in by_worker.items()))
+            rev = fanout.serializable_revision(rev, (low for low, _revs in held))
+            known = {shard: r for ss, (_low, revs) in zip(by_worker.values(), held, strict=True)
+                     for shard, r in zip(ss, revs, strict=True)}
+            rev = min(await asyncio.gather(*(self._unapplied(w, s, known, rev)
+                                             for w, s in by_worker.items())))
         answers = await asyncio.gather(
             *(self._parts(w, req, s, rev, start) for w, s in by_worker.items()))
         parts = [p for ps in answers for p in ps]
@@ -105,6 +125,23 @@ class ReadsAcrossWorkers(WorkerSet):
         body = msgpack.packb([shards, barrier])
         return int(msgpack.unpackb(await self.clients[worker].call(
             RANGE_TOPS, body, DEFAULT_TIMEOUT_S)))
+
+    async def _held(self, worker: int, shards: list[int],
+                    req: rpc_pb2.RangeRequest) -> tuple[int, list[int]]:
+        if worker == self.index:
+            return self.local_held(shards, req.key, req.range_end)
+        body = msgpack.packb([shards, req.key, req.range_end])
+        low, revs = msgpack.unpackb(await self.clients[worker].call(
+            RANGE_HELD, body, DEFAULT_TIMEOUT_S))
+        return int(low), [int(r) for r in revs]
+
+    async def _unapplied(self, worker: int, shards: list[int], known: dict[int, int],
+                         rev: int) -> int:
+        if worker == self.index:
+            return self.backend.below_unapplied(shards, rev, known)
+        body = msgpack.packb([shards, [[s, r] for s, r in known.items()], rev])
+        return int(msgpack.unpackb(await self.clients[worker].call(
+            RANGE_UNAPPLIED, body, DEFAULT_TIMEOUT_S)))
 
     async def _parts(self, worker: int, req: rpc_pb2.RangeRequest, shards: list[int],
                      rev: int, fenced: int = 0) -> list[rpc_pb2.RangeResponse]:
@@ -122,17 +159,35 @@ class ReadsAcrossWorkers(WorkerSet):
             await b._each(list(shards), b.read_barrier)
         return max(int(b.machines[s].revision) for s in shards)
 
+    def local_held(self, shards: Sequence[int], key: bytes,
+                   range_end: bytes) -> tuple[int, list[int]]:
+        """The lowest revision an open intent over ``key``..``range_end`` reserved on this
+        worker's ``shards`` (0: none; ``fanout.serializable_revision``), and each of
+        those shards' revision."""
+        b = self.backend
+        for s in shards:
+            b._check_local(s)
+        kr = [KeyRange.of(key, range_end)]
+        low = min((r for s in shards if (r := b.machines[s].intents.lowest_in_way(kr))),
+                  default=0)
+        return low, [int(b.machines[s].revision) for s in shards]
+
     async def local_parts(self, req: rpc_pb2.RangeRequest, shards: Sequence[int],
                           rev: int, fenced: int = 0) -> list[rpc_pb2.RangeResponse]:
         """Each of this worker's ``shards`` read at ``rev``: floored there first (unless
         the read's fence holds it: ``rev <= fenced``, its start) and the intents in the
         way waited out (linearizable), or at its own latest when that is lower
-        (serializable, and a fenced shard behind ``rev``: nothing lands there below it)."""
+        (serializable, and a fenced shard behind ``rev``: nothing lands there below it;
+        a serializable read at the client's revision waits out the intents at or below
+        it, without a floor)."""
         b = self.backend
         for s in shards:
             b._check_local(s)
+        kr = [KeyRange.of(req.key, req.range_end)]
         if not req.serializable:
-            await self._settle_at(shards, [KeyRange.of(req.key, req.range_end)], rev, fenced)
+            await self._settle_at(shards, kr, rev, fenced)
+        elif req.revision > 0:
+            await b._each(list(shards), lambda s: b.wait_intents(s, kr, rev))
         return [b.machines[s].range(fanout.per_shard_request(
             req, min(rev, int(b.machines[s].revision)))) for s in shards]
 
@@ -228,6 +283,18 @@ class ReadsAcrossWorkers(WorkerSet):
     async def _serve_tops(self, body: bytes) -> bytes:
         shards, barrier = decode_fields(body, 2)
         return bytes(msgpack.packb(await carried(self.local_tops(shards, bool(barrier)))))
+
+    async def _serve_held(self, body: bytes) -> bytes:
+        shards, key, range_end = decode_fields(body, 3)
+        low, revs = self.local_held(shards, bytes(key), bytes(range_end))
+        return bytes(msgpack.packb([low, revs]))
+
+    async def _serve_unapplied(self, body: bytes) -> bytes:
+        shards, known, rev = decode_fields(body, 3)
+        for s in shards:
+            self.backend._check_local(s)
+        revisions = {int(s): int(r) for s, r in known}
+        return bytes(msgpack.packb(self.backend.below_unapplied(shards, int(rev), revisions)))
 
     async def _serve_parts(self, body: bytes) -> bytes:
         raw, shards, rev, fenced = decode_fields(body, 4)

@@ -92,8 +92,10 @@ from accord.node.workermaint import (
     MaintenanceAcrossWorkers,
 )
 from accord.node.workerreads import (
+    RANGE_HELD,
     RANGE_PARTS,
     RANGE_TOPS,
+    RANGE_UNAPPLIED,
     TXN_COMPARES,
     TXN_READS,
     ReadsAcrossWorkers,
@@ -261,6 +263,8 @@ class WorkerRouter(ReadsAcrossWorkers, MaintenanceAcrossWorkers):
         self._puller = StreamPuller(self.index)
         served[RANGE_TOPS] = self._serve_tops
         served[RANGE_PARTS] = self._serve_parts
+        served[RANGE_HELD] = self._serve_held
+        served[RANGE_UNAPPLIED] = self._serve_unapplied
         served[TXN_COMPARES] = self._serve_txn_compares
         served[TXN_READS] = self._serve_txn_reads
         served[REVISION_STATE] = self._serve_revision_state

@@ -838,3 +838,109 @@ async def test_a_one_shard_txn_reads_at_a_revision_another_shard_made() -> None:
             await b.txn(req)
     (kv,) = (await b.range(pb.RangeRequest(key=k0))).kvs
     assert kv.value == b"new"
+
+
+def _both(r: pb.RangeResponse, keys: tuple[bytes, bytes]) -> tuple[bytes, bytes]:
+    values = {kv.key: kv.value for kv in r.kvs}
+    return values.get(keys[0], b""), values.get(keys[1], b"")
+
+
+async def _serializable_after_the_answer(broken: bool) -> tuple[tuple[bytes, bytes], ...]:
+    """A two-shard Txn answered once the record shard decided, its other participant's
+    DECIDE held (as while it is in flight): what a serializable read over both shards
+    shows then, and once the DECIDE applied."""
+    b = Shards()
+    b.broken_serializable_parts = broken
+    keys = (k0, k1) = tuple(_one_key_on_each(b, (0, 1)))
+    for k in keys:
+        await b.put(pb.PutRequest(key=k, value=b"old"))
+    gate = hold_decides(b)
+    answer = await b.txn(pb.TxnRequest(success=[op_put(k0, b"new"), op_put(k1, b"new")]))
+    assert b.machines[1].intents, "the participant's DECIDE is still held"
+    every = pb.RangeRequest(key=b"k", range_end=b"l", serializable=True)
+    during = await b.range(every)
+    assert broken or during.header.revision < answer.header.revision
+    gate.set()
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert not b.machines[1].intents
+    return _both(during, keys), _both(await b.range(every), keys)
+
+
+async def test_a_serializable_read_over_shards_never_shows_part_of_a_txn() -> None:
+    """etcd's serializable read may be stale but shows one revision of the store: a
+    multi-shard Txn whole or not at all. While a participant still holds the Txn's
+    intent (its DECIDE in flight) the read answers below the intent's revision; after
+    it, at the Txn."""
+    assert await _serializable_after_the_answer(False) == ((b"old", b"old"), (b"new", b"new"))
+
+
+async def test_the_broken_serializable_read_at_the_highest_revision_is_caught() -> None:
+    during, _after = await _serializable_after_the_answer(True)
+    assert during == (b"new", b"old"), "part of the Txn shown"
+
+
+async def _lagging_replica(broken: bool) -> list[tuple[bytes, bytes]]:
+    """The replicas of one member apply each shard's log at their own pace: a follower
+    whose record-shard replica applied a two-shard Txn's decision while its other
+    participant's replica has not yet applied the Txn's prepare (or its DECIDE). What a
+    serializable read over both shards shows on that follower at each point."""
+    leader = Shards()
+    keys = (k0, k1) = tuple(_one_key_on_each(leader, (0, 1)))
+    logs: list[list[bytes]] = [[] for _ in leader.machines]
+    real = leader.commit
+
+    async def logged(command: bytes, shard: int = 0) -> Any:
+        logs[shard].append(command)
+        return await real(command, shard)
+
+    leader.commit = logged  # type: ignore[method-assign]
+    for k in keys:
+        await leader.put(pb.PutRequest(key=k, value=b"old"))
+    before = [len(log) for log in logs]
+    await leader.txn(pb.TxnRequest(success=[op_put(k0, b"new"), op_put(k1, b"new")]))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert [len(log) - n for log, n in zip(logs, before, strict=False)][:2] == [1, 2], \
+        "the record shard's PREPARE_DECIDE; the participant's PREPARE and DECIDE"
+    follower = Shards()
+    follower.broken_serializable_parts = broken
+    every = pb.RangeRequest(key=b"k", range_end=b"l", serializable=True)
+    seen = []
+    for shard, upto in ((0, before[0]), (1, before[1])):
+        for command in logs[shard][:upto]:
+            follower.machines[shard].apply(command)
+    follower.machines[0].apply(logs[0][before[0]])  # the decision, before any of shard 1's
+    seen.append(_both(await follower.range(every), keys))
+    follower.machines[1].apply(logs[1][before[1]])  # the prepare: an intent
+    seen.append(_both(await follower.range(every), keys))
+    follower.machines[1].apply(logs[1][before[1] + 1])  # the DECIDE
+    seen.append(_both(await follower.range(every), keys))
+    return seen
+
+
+async def test_a_serializable_read_on_a_lagging_replica_never_shows_part_of_a_txn() -> None:
+    assert await _lagging_replica(False) == [(b"old", b"old")] * 2 + [(b"new", b"new")]
+
+
+async def test_the_broken_serializable_read_on_a_lagging_replica_is_caught() -> None:
+    assert (b"new", b"old") in await _lagging_replica(True)
+
+
+async def test_a_serializable_read_at_a_given_revision_waits_for_the_txn_there() -> None:
+    """At a revision the client names, a serializable read over shards cannot answer
+    below it: it waits out the intents at or below it (as a linearizable read does,
+    without the barrier), then shows the Txn whole."""
+    b = Shards()
+    keys = (k0, k1) = tuple(_one_key_on_each(b, (0, 1)))
+    for k in keys:
+        await b.put(pb.PutRequest(key=k, value=b"old"))
+    gate = hold_decides(b)
+    answer = await b.txn(pb.TxnRequest(success=[op_put(k0, b"new"), op_put(k1, b"new")]))
+    read = asyncio.create_task(b.range(pb.RangeRequest(
+        key=b"k", range_end=b"l", serializable=True, revision=answer.header.revision)))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert not read.done(), "it waits for the participant's share"
+    gate.set()
+    assert _both(await read, keys) == (b"new", b"new")

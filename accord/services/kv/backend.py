@@ -28,7 +28,7 @@ import contextlib
 import heapq
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
@@ -349,6 +349,34 @@ class StateMachineBackend(ABC):
                 await self.xcoord.wait_free(shard, (), txn_id=e.txn_id)
         raise errors.TIMEOUT
 
+    def below_unapplied(self, shards: Sequence[int], rev: int,
+                        revisions: Mapping[int, int] | None = None) -> int:
+        """``rev``, or just below the lowest multi-shard commit at or below it that one of
+        ``shards`` (applied here) applied and another shard the read covers (a
+        participant too) has not yet: on one member the replicas of a Txn's shards
+        apply at their own pace, and a serializable read must not show the share of one
+        without the other's. ``revisions``: every covered shard's revision (a read over
+        several workers' shards); else the covered shards are ``shards``, all here.
+        Commits every known participant applied are forgotten (``recent_commits``)."""
+        machines, local = self.machines, self.local
+        known = revisions if revisions is not None else {
+            s: machines[s].revision for s in shards}
+
+        def revision(p: int) -> int | None:
+            if p in known:
+                return known[p]
+            return machines[p].revision if local is None or p in local else None
+
+        for s in shards:
+            recent = machines[s].recent_commits
+            while recent and all((r := revision(p)) is not None and r >= recent[0][0]
+                                 for p in recent[0][1]):
+                recent.popleft()
+            for r, parts in recent:
+                if r <= rev and any(p != s and p in known and known[p] < r for p in parts):
+                    rev = r - 1
+        return rev
+
     async def wait_intents(self, shard: int, ranges: Sequence[KeyRange], rev: int) -> int:
         """Before a linearizable read at ``rev`` on ``shard``: wait out the intents in its
         way (no-op when the shard has none, the common case); returns the highest
@@ -587,11 +615,19 @@ class StateMachineBackend(ABC):
             return resp
         if req.serializable:
             # Local and possibly stale, as etcd's serializable reads: each shard as of the
-            # requested revision or its own latest, whichever is lower.
+            # requested revision or its own latest, whichever is lower; never a part of
+            # a multi-shard Txn without the rest (``serializable_revision``).
             top = max(self.machines[s].revision for s in shards)
             rev = req.revision if req.revision > 0 else top
             if rev > top and rev > self.latest_revision():
                 raise errors.FUTURE_REV
+            kr = [KeyRange.of(req.key, req.range_end)]
+            if req.revision > 0:
+                await self._each(shards, lambda s: self.wait_intents(s, kr, rev))
+            elif not self.broken_serializable_parts:
+                rev = fanout.serializable_revision(
+                    rev, (self.machines[s].intents.lowest_in_way(kr) for s in shards))
+                rev = self.below_unapplied(shards, rev)
             parts = [
                 self.machines[s].range(
                     fanout.per_shard_request(req, min(rev, self.machines[s].revision)))
@@ -617,6 +653,15 @@ class StateMachineBackend(ABC):
 
     formats_settled = True
     """Nothing to settle in one process; a replicated backend settles at startup."""
+
+    local: frozenset[int] | None = None
+    """The shards this process applies (None: all; a worker of a node applies some)."""
+
+    broken_serializable_parts = False
+    """A deliberately broken variant for tests: a serializable read over several shards
+    answers at their highest revision whatever intents and unapplied shares lie below it,
+    as it did before, and so can show part of a multi-shard Txn. Never set outside
+    tests."""
 
     async def settle_formats(self) -> None:
         """Nothing to wait for in one process (every format is this one's)."""

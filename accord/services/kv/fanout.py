@@ -8,7 +8,7 @@ left out. A DeleteRange over many shards adds up what each shard deleted.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import crc32c
@@ -41,6 +41,18 @@ def per_shard_request(req: rpc_pb2.RangeRequest, revision: int) -> rpc_pb2.Range
     sub.CopyFrom(req)
     sub.revision = revision
     return sub
+
+
+def serializable_revision(rev: int, reserved: Iterable[int]) -> int:
+    """The revision a serializable read over several shards answers at, from the one it
+    would (``rev``) and, per shard, the lowest revision an open intent over its keys
+    reserved there (``reserved``; 0: none). Such a Txn commits at or above its
+    reservation and may already be visible on a shard whose replica applied its
+    decision while this one still holds the intent: read at ``rev`` it would show part
+    of the Txn. Below the lowest such reservation at or below ``rev``, the Txn is on no
+    shard (``docs/txn.md``, "Who meets an intent")."""
+    low = min((r for r in reserved if 0 < r <= rev), default=0)
+    return low - 1 if low else rev
 
 
 def merge_ranges(

@@ -188,6 +188,13 @@ class IntentTable:
         """The lowest revision an open intent reserved (0: none open)."""
         return min((i.rev for i in self.intents.values()), default=0)
 
+    def lowest_in_way(self, ranges: Iterable[KeyRange]) -> int:
+        """The lowest revision reserved by an open intent over any of ``ranges`` (0: none):
+        a serializable read over several shards answers below it (``docs/txn.md``)."""
+        ranges = tuple(ranges)
+        return min((i.rev for i in self.intents.values()
+                    if any(i.overlaps(kr) for kr in ranges)), default=0)
+
     def expire_records(self, now_ms: int) -> None:
         """Forget decided records whose deadline is :data:`RECORD_RETENTION_MS` past (the
         same records a scan of them all would, in O(expired) per call)."""

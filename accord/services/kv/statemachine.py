@@ -23,6 +23,7 @@ did; a format-1 Put or Txn is also what an older proposer sends.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,9 @@ from accord.services.kv.watchhub import Change, WatchHub
 SNAPSHOT_FORMAT = 1
 COMPACT_FORMAT = 2
 """The format number of the compact command forms (see the module docstring)."""
+RECENT_KEPT = 1024
+"""How many multi-shard commits a shard remembers for serializable reads
+(``recent_commits``)."""
 SETTLED_KEPT = 4096
 """How many resolved intents a shard remembers the commit revision of (``settled_at``)."""
 _PREV_KV, _IGNORE_VALUE, _IGNORE_LEASE = 1, 2, 4
@@ -94,6 +98,12 @@ class KVStateMachine:
         """A deliberately broken variant for tests: a Put attaching a key to a lease
         whose revoke across shards is in progress is not held back (the key then
         outlives the lease). Never set outside tests."""
+        self.recent_commits: deque[tuple[int, tuple[int, ...]]] = deque(maxlen=RECENT_KEPT)
+        """The multi-shard Txns this replica committed its share of lately, as
+        ``(revision, participants)``: a serializable read over several shards answers
+        below one whose share another participant's replica on this member has not
+        applied yet (``StateMachineBackend.range``). Local and bounded, not replicated
+        state."""
         self.settled_at: dict[int, int] = {}
         """Where the intents resolved here lately went: txn id -> the revision its
         commit took on this shard (0: aborted). Local and bounded (the latest
@@ -663,6 +673,7 @@ class KVStateMachine:
         wt, resp, error = self._share_at(rev, plan, path, owns, answer)
         self._commit(wt)
         store.raise_floor(rev)
+        self.recent_commits.append((rev, plan.participants(shards)))
         return xcommands.Committed(resp, xcommands.Decision(COMMITTED, tuple(path), rev), error)
 
     def _x_prepare_lease(
@@ -791,6 +802,7 @@ class KVStateMachine:
         del x.intents[txn_id]
         self._commit_at(wt)
         self._store.raise_floor(rev)  # a decided revision above this shard's: move up to it
+        self.recent_commits.append((rev, plan.participants(shards)))
         self._settled(txn_id, rev)
         self._release()
         return xcommands.Committed(resp, decision, error)

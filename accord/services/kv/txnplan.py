@@ -45,7 +45,8 @@ class ShardPart:
 class TxnPlan:
     """One TxnRequest, walked once (see the module docstring)."""
 
-    __slots__ = ("_parts", "compares", "flat", "kinds", "ops", "puts", "ranges", "req")
+    __slots__ = ("_participants", "_parts", "compares", "flat", "kinds", "ops", "puts",
+                 "ranges", "req")
 
     def __init__(self, req: rpc_pb2.TxnRequest) -> None:
         self.req = req
@@ -70,6 +71,16 @@ class TxnPlan:
         """No nested Txn: the path is one decision, the op numbers run through success,
         then failure."""
         self._parts: dict[tuple[int, int], ShardPart] = {}
+        self._participants: dict[int, tuple[int, ...]] = {}
+
+    def participants(self, shards: int) -> tuple[int, ...]:
+        """The shards (of ``shards``) this Txn touches, in order."""
+        found = self._participants.get(shards)
+        if found is None:
+            found = self._participants[shards] = tuple(sorted({
+                s for key, end in dict.fromkeys(self.ranges)
+                for s in sharding.shards_of_range(key, end, shards)}))
+        return found
 
     def part(self, shard: int, shards: int) -> ShardPart:
         """What ``shard`` (of ``shards``) holds of this Txn."""
