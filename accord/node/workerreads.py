@@ -104,16 +104,22 @@ class ReadsAcrossWorkers(WorkerSet):
                 *(self._tops(w, s, barrier) for w, s in every.items())))
             if rev > store:
                 raise errors.FUTURE_REV
-        if not barrier and req.revision <= 0 and not b.broken_serializable_parts:
-            # never part of a multi-shard Txn
+        read_at = rev
+        if not barrier and not b.broken_serializable_parts:
+            # Never part of a multi-shard Txn: below the intents over its keys (at a
+            # revision the client gave, the parts wait them out instead), and below a
+            # commit one shard applied and another has not yet.
             held = await asyncio.gather(*(self._held(w, s, req) for w, s in by_worker.items()))
-            rev = fanout.serializable_revision(rev, (low for low, _revs in held))
+            if req.revision <= 0:
+                read_at = fanout.serializable_revision(rev, (low for low, _revs in held))
             known = {shard: r for ss, (_low, revs) in zip(by_worker.values(), held, strict=True)
                      for shard, r in zip(ss, revs, strict=True)}
-            rev = min(await asyncio.gather(*(self._unapplied(w, s, known, rev)
-                                             for w, s in by_worker.items())))
+            read_at = min(await asyncio.gather(*(self._unapplied(w, s, known, read_at)
+                                                 for w, s in by_worker.items())))
+            if req.revision <= 0:
+                rev = read_at
         answers = await asyncio.gather(
-            *(self._parts(w, req, s, rev, start) for w, s in by_worker.items()))
+            *(self._parts(w, req, s, read_at, start) for w, s in by_worker.items()))
         parts = [p for ps in answers for p in ps]
         if barrier:
             await b.settle(rev)

@@ -622,15 +622,19 @@ class StateMachineBackend(ABC):
             if rev > top and rev > self.latest_revision():
                 raise errors.FUTURE_REV
             kr = [KeyRange.of(req.key, req.range_end)]
+            read_at = rev
             if req.revision > 0:
                 await self._each(shards, lambda s: self.wait_intents(s, kr, rev))
             elif not self.broken_serializable_parts:
-                rev = fanout.serializable_revision(
+                read_at = rev = fanout.serializable_revision(
                     rev, (self.machines[s].intents.lowest_in_way(kr) for s in shards))
-                rev = self.below_unapplied(shards, rev)
+            if not self.broken_serializable_parts:
+                read_at = self.below_unapplied(shards, read_at)
+                if req.revision <= 0:
+                    rev = read_at
             parts = [
                 self.machines[s].range(
-                    fanout.per_shard_request(req, min(rev, self.machines[s].revision)))
+                    fanout.per_shard_request(req, min(read_at, self.machines[s].revision)))
                 for s in shards
             ]
             return fanout.merge_ranges(req, parts, rev, self.sm.limits)
