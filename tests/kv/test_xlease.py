@@ -10,11 +10,14 @@ revoked the same way: a Put with it on another shard, started at every turn of t
 loop through the revoke, is before it or after it, never between. The deliberately broken
 variants (each shard deleting at its own revision; Puts not held back; the older path of a
 one-shard lease, shard 0 first and then each other shard) are caught by the same checks.
+A serializable read over every shard on a member whose replica of one shard lags behind
+the others never shows some of a revoked lease's keys deleted and others not.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -262,3 +265,47 @@ async def test_the_broken_variant_expiring_at_each_shards_own_revision_is_caught
     assert events, "shard 0's share at the decision's revision"
     assert await _count(b) == 0  # every key went, but not at one revision
     assert not await _one_revision(b, events[0].kv.mod_revision, len(keys))
+
+
+async def _revoke_on_a_lagging_replica(broken: bool) -> tuple[int, int, int, int]:
+    """A follower whose replicas of every shard but one applied a revoke while that
+    one has not applied even its prepare: how many of the lease's keys a serializable
+    read over every shard shows there, then with the prepare applied, then all of it
+    (after the number of keys)."""
+    leader = Shards()
+    logs: list[list[bytes]] = [[] for _ in leader.machines]
+    real = leader.commit
+
+    async def logged(command: bytes, shard: int = 0) -> Any:
+        logs[shard].append(command)
+        return await real(command, shard)
+
+    leader.commit = logged  # type: ignore[method-assign]
+    lease, keys = await _leased(leader)
+    before = [len(log) for log in logs]
+    await leader.lease_revoke(pb.LeaseRevokeRequest(ID=lease))
+    await leader.xcoord.drain()
+    follower = Shards()
+    follower.broken_serializable_parts = broken
+    lag = 1
+    for shard, log in enumerate(logs):
+        for command in log[:before[shard] if shard == lag else len(log)]:
+            follower.machines[shard].apply(command)
+    every = pb.RangeRequest(key=b"k", range_end=b"l", serializable=True, count_only=True)
+    seen = [(await follower.range(every)).count]
+    follower.machines[lag].apply(logs[lag][before[lag]])  # the prepare: an intent
+    seen.append((await follower.range(every)).count)
+    for command in logs[lag][before[lag] + 1:]:
+        follower.machines[lag].apply(command)
+    seen.append((await follower.range(every)).count)
+    return len(keys), seen[0], seen[1], seen[2]
+
+
+async def test_a_serializable_read_never_shows_part_of_a_revoke_on_a_lagging_replica() -> None:
+    n, first, prepared, after = await _revoke_on_a_lagging_replica(False)
+    assert (first, prepared, after) == (n, n, 0), "all of the lease's keys, then none"
+
+
+async def test_the_broken_serializable_read_shows_part_of_a_revoke() -> None:
+    n, first, _prepared, after = await _revoke_on_a_lagging_replica(True)
+    assert 0 < first < n and after == 0, "some of the keys shown deleted, some not"

@@ -99,8 +99,8 @@ class KVStateMachine:
         whose revoke across shards is in progress is not held back (the key then
         outlives the lease). Never set outside tests."""
         self.recent_commits: deque[tuple[int, tuple[int, ...]]] = deque(maxlen=RECENT_KEPT)
-        """The multi-shard Txns this replica committed its share of lately, as
-        ``(revision, participants)``: a serializable read over several shards answers
+        """The multi-shard Txns (and lease revokes, in which every shard takes part) this
+        replica committed its share of lately, as ``(revision, participants)``: a serializable read over several shards answers
         below one whose share another participant's replica on this member has not
         applied yet (``StateMachineBackend.range``). Local and bounded, not replicated
         state."""
@@ -715,9 +715,10 @@ class KVStateMachine:
         self.watch_hub.held_from = x.lowest_rev()
         return xcommands.Prepared(True, "", rev)
 
-    def _x_revoke_share(self, intent: Intent) -> rpc_pb2.TxnResponse:
+    def _x_revoke_share(self, intent: Intent, shards: int) -> rpc_pb2.TxnResponse:
         """A decided lease revoke on this shard: delete the keys its intent holds at the
-        reserved revision, forget the lease."""
+        reserved revision, forget the lease. Every shard of ``shards`` takes part in a
+        revoke (``xlease.py``)."""
         (lease_id,) = intent.leases
         wt = self._store.begin_at(intent.rev)
         try:
@@ -729,6 +730,7 @@ class KVStateMachine:
             raise
         del self._x.intents[intent.txn_id]
         self._commit_at(wt)
+        self.recent_commits.append((intent.rev, tuple(range(shards))))
         self._settled(intent.txn_id, intent.rev)
         if lease_id in self._leases.leases:
             self._leases.remove(lease_id)
@@ -792,7 +794,7 @@ class KVStateMachine:
         if intent is None:
             return xcommands.Committed(None, decision)
         if intent.revoke:
-            return xcommands.Committed(self._x_revoke_share(intent), decision)
+            return xcommands.Committed(self._x_revoke_share(intent, shards), decision)
         plan = plan_of(intent.request)
 
         def owns(key: bytes) -> bool:
