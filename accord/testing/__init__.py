@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import shutil
 import socket
@@ -62,12 +63,30 @@ def _listen_range() -> tuple[int, int]:
     port: below the kernel's ephemeral range. A port chosen there stays free until the
     daemon binds it, where one bound at 0 and closed (an ephemeral port) may meanwhile
     become the local port of some connection (a node dialing its peers) and the daemon
-    then fails with "address already in use"."""
+    then fails with "address already in use". Under pytest-xdist each worker process
+    takes its own slice of the range: two workers starting daemons at once never pick
+    the same port between choosing it and the daemon binding it."""
     try:
         lo = int(_EPHEMERAL.read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        return _FALLBACK_RANGE
-    return (10000, lo) if lo > 12000 else _FALLBACK_RANGE
+        lo, hi = _FALLBACK_RANGE
+    else:
+        lo, hi = (10000, lo) if lo > 12000 else _FALLBACK_RANGE
+    return _slice_for_this_worker(lo, hi)
+
+
+def _slice_for_this_worker(lo: int, hi: int) -> tuple[int, int]:
+    """``[lo, hi)``, or this pytest-xdist worker's share of it (``gwK`` of ``N``)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    try:
+        index = int(worker.removeprefix("gw"))
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    except ValueError:
+        return lo, hi
+    if not worker.startswith("gw") or not 0 <= index < count:
+        return lo, hi
+    step = (hi - lo) // count
+    return lo + index * step, lo + (index + 1) * step
 
 
 def _bind_free(taken: set[int], size: int = 1) -> tuple[int, list[socket.socket]]:

@@ -17,7 +17,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import grpc
 from accord.client.tls import TLSOptions, sync_channel
 from accord.node.certs import CertFiles
 from accord.proto import rpc_pb2, rpc_pb2_grpc
+from accord.testing import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 20.0
@@ -83,10 +83,9 @@ def require_binary(name: str) -> str:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago, below the ephemeral range and
+    in this pytest-xdist worker's share of it (``accord.testing.free_ports``)."""
+    return free_ports(1)[0]
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
