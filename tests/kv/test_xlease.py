@@ -17,7 +17,6 @@ the others never shows some of a revoked lease's keys deleted and others not.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
@@ -25,7 +24,7 @@ from accord.proto import rpc_pb2 as pb
 from accord.services.kv import errors
 from accord.services.kv.mvcc import MOD, VALUE
 from accord.services.kv.xcoord import TXN_TIMEOUT_MS
-from tests.kv.test_xshard import SHARDS, Shards, hold_commits, spread_keys
+from tests.kv.test_xshard import SHARDS, Shards, hold_commits, log_commits, spread_keys
 
 
 async def _leased(b: Shards, ttl: int = 60) -> tuple[int, list[bytes]]:
@@ -273,14 +272,7 @@ async def _revoke_on_a_lagging_replica(broken: bool) -> tuple[int, int, int, int
     read over every shard shows there, then with the prepare applied, then all of it
     (after the number of keys)."""
     leader = Shards()
-    logs: list[list[bytes]] = [[] for _ in leader.machines]
-    real = leader.commit
-
-    async def logged(command: bytes, shard: int = 0) -> Any:
-        logs[shard].append(command)
-        return await real(command, shard)
-
-    leader.commit = logged  # type: ignore[method-assign]
+    logs = log_commits(leader)
     lease, keys = await _leased(leader)
     before = [len(log) for log in logs]
     await leader.lease_revoke(pb.LeaseRevokeRequest(ID=lease))

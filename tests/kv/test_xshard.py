@@ -95,6 +95,20 @@ def hold_decides(b: Shards) -> asyncio.Event:
     return gate
 
 
+def log_commits(b: Shards) -> list[list[bytes]]:
+    """Record every command ``b`` commits, per shard in log order (the returned lists):
+    what a follower's replicas would apply, each shard at its own pace."""
+    logs: list[list[bytes]] = [[] for _ in b.machines]
+    real = b.commit
+
+    async def logged(command: bytes, shard: int = 0) -> Any:
+        logs[shard].append(command)
+        return await real(command, shard)
+
+    b.commit = logged  # type: ignore[method-assign]
+    return logs
+
+
 def spread_keys(n: int, shards: int = SHARDS) -> list[bytes]:
     """``n`` plain keys, at least one on every shard."""
     out: list[bytes] = []
@@ -887,14 +901,7 @@ async def _lagging_replica(broken: bool) -> list[tuple[bytes, bytes]]:
     serializable read over both shards shows on that follower at each point."""
     leader = Shards()
     keys = (k0, k1) = tuple(_one_key_on_each(leader, (0, 1)))
-    logs: list[list[bytes]] = [[] for _ in leader.machines]
-    real = leader.commit
-
-    async def logged(command: bytes, shard: int = 0) -> Any:
-        logs[shard].append(command)
-        return await real(command, shard)
-
-    leader.commit = logged  # type: ignore[method-assign]
+    logs = log_commits(leader)
     for k in keys:
         await leader.put(pb.PutRequest(key=k, value=b"old"))
     before = [len(log) for log in logs]
